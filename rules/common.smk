@@ -1,0 +1,62 @@
+# The run sheet (one row per training run) and helpers shared by all rules.
+import json
+import os
+import sys
+import re
+
+from marlflow.config import SCALES
+from marlflow.metrics import atomic_write_text
+from marlflow.matrix import ALIASES, AXES, MatrixError, run_sheet
+
+
+def _load_sheet():
+    # Axis restrictions from --config (e.g. workflows=[voting] tasks=[math]) narrow the preset.
+    overrides = {k: config[k] for k in (*AXES, *ALIASES) if k in config}
+    try:
+        return run_sheet(config["matrix"], config.get("preset"), overrides)
+    except MatrixError as err:
+        # Same one-paragraph message and exit code as `python -m marlflow.matrix`, no traceback.
+        print(f"error: {err}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(2)
+
+
+SHEET = _load_sheet()
+RUN_IDS = list(SHEET.index)
+MODELS = dict(zip(SHEET["scale"], SHEET["model"]))
+
+
+wildcard_constraints:
+    run_id="|".join(re.escape(r) for r in RUN_IDS),
+    scale="|".join(re.escape(s) for s in SCALES),
+
+
+def run_scale(wildcards):
+    return SHEET.loc[wildcards.run_id, "scale"]
+
+
+def scale_resource(name, default):
+    """A resource of the train rule that depends on the run's scale.
+
+    The per-scale table is compute configuration, so it lives in a profile's config
+    (`scale_resources: {0.6b: {gpu: 1, mem_mb: 64000, ...}}`); absent entries fall back to
+    `default`, i.e. CPU only. `default` may be a callable of (wildcards, threads).
+    """
+
+    def get(wildcards, threads):
+        table = config.get("scale_resources") or {}
+        value = (table.get(run_scale(wildcards)) or {}).get(name)
+        if value is None:
+            return default(wildcards, threads) if callable(default) else default
+        # --config values arrive as strings; resources must be numbers where they look like numbers.
+        return int(value) if str(value).isdigit() else value
+
+    return get
+
+
+def write_config(config_json, path, log_path):
+    """Write one run's config.json atomically (pretty-printed) and note it in the rule's log."""
+    atomic_write_text(
+        path, json.dumps(json.loads(config_json), indent=2, sort_keys=True) + "\n"
+    )
+    atomic_write_text(log_path, f"wrote {path}\n")

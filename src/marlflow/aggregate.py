@@ -1,0 +1,92 @@
+"""Aggregate finished runs into tables: `python -m marlflow.aggregate --runs PATH... --out results/tables`.
+
+PATHs are metrics.parquet files; the samples.parquet beside each is read if present. Writes, atomically and
+deterministically (sorted rows, no timestamps):
+
+    summary.parquet, summary.csv, summary.md   one row per run (analysis.SUMMARY_COLUMNS)
+    failures.csv                               run_id, cliff, collapse, stagnation, capture, evidence
+    grad_dynamics.csv                          one row per run x role (analysis.GRAD_COLUMNS)
+    peak_terminal.md, peak_terminal.tex        rows workflow x sharing, columns scale x task, "peak / terminal"
+
+Definitions: marlflow.analysis.definitions.DEFINITIONS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from marlflow.analysis import (
+    failure_signatures,
+    grad_dynamics,
+    load_runs,
+    markdown_table,
+    peak_terminal_latex,
+    peak_terminal_table,
+    summarize_runs,
+)
+from marlflow.analysis.tables import CAPTION
+from marlflow.metrics import atomic_write_parquet, atomic_write_text
+
+OUTPUTS = [
+    "summary.parquet",
+    "summary.csv",
+    "summary.md",
+    "failures.csv",
+    "grad_dynamics.csv",
+    "peak_terminal.md",
+    "peak_terminal.tex",
+]
+
+
+def csv_text(df: pd.DataFrame) -> str:
+    """Deterministic CSV text (no index, '\\n' line endings, shortest round-trip floats)."""
+    return df.to_csv(index=False, lineterminator="\n")
+
+
+def build_tables(metrics: pd.DataFrame, samples: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """All aggregate tables from loaded runs: summary, failures, grad_dynamics, peak_terminal."""
+    summary = summarize_runs(metrics)
+    return {
+        "summary": summary,
+        "failures": failure_signatures(metrics, summary, samples),
+        "grad_dynamics": grad_dynamics(metrics),
+        "peak_terminal": peak_terminal_table(summary),
+    }
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> list[Path]:
+    """Write the OUTPUTS files into `out` (created if needed); return their paths."""
+    out = Path(out)
+    s, pt = tables["summary"], tables["peak_terminal"]
+    atomic_write_parquet(s, out / "summary.parquet")
+    atomic_write_text(out / "summary.csv", csv_text(s))
+    atomic_write_text(out / "summary.md", markdown_table(s, index=False))
+    atomic_write_text(out / "failures.csv", csv_text(tables["failures"]))
+    atomic_write_text(out / "grad_dynamics.csv", csv_text(tables["grad_dynamics"]))
+    atomic_write_text(out / "peak_terminal.md", f"{CAPTION}\n\n{markdown_table(pt)}")
+    atomic_write_text(out / "peak_terminal.tex", peak_terminal_latex(pt))
+    return [out / name for name in OUTPUTS]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m marlflow.aggregate", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
+    parser.add_argument("--out", required=True, help="output folder, e.g. results/tables")
+    args = parser.parse_args(argv)
+    try:
+        metrics, samples = load_runs(args.runs)
+    except (ValueError, FileNotFoundError) as e:
+        parser.exit(2, f"marlflow.aggregate: error: {e}\n")
+    paths = write_tables(build_tables(metrics, samples), args.out)
+    print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

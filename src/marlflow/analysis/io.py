@@ -1,0 +1,99 @@
+"""Loading run outputs for analysis: metrics.parquet files plus the samples.parquet beside each.
+
+    metrics, samples = load_runs(["results/runs/voting-ip-toy-math-s0/metrics.parquet", ...])
+
+Errors name the offending file. Duplicate metric rows (a resumed run re-logging a step) keep the last one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, read_metrics
+
+SAMPLE_COLUMNS = [
+    *FACTOR_COLUMNS,
+    "step",
+    "episode",
+    "uid",
+    "slot",
+    "role",
+    "prompt",
+    "output",
+    "reward",
+    "format_failure",
+]
+METRIC_KEY = ["run_id", "step", "split", "role", "metric"]
+
+
+def empty_samples() -> pd.DataFrame:
+    """A samples table with the expected columns and no rows."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in SAMPLE_COLUMNS})
+
+
+def read_samples(path: str | os.PathLike) -> pd.DataFrame:
+    """Read one samples.parquet; ValueError naming the file and the missing columns if it does not fit."""
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise ValueError(f"{path}: cannot read samples table: {e}") from e
+    missing = [c for c in SAMPLE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: samples table lacks columns {missing}; expected {SAMPLE_COLUMNS}")
+    out = df[SAMPLE_COLUMNS].copy()
+    out["step"] = out["step"].astype("int64")
+    out["output"] = out["output"].fillna("").astype(str)
+    out["role"] = out["role"].astype(str)
+    out["run_id"] = out["run_id"].astype(str)
+    return out
+
+
+def check_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Deduplicate (keep last) and sort a validated metrics table; ValueError if a run's factors disagree."""
+    factors = metrics[FACTOR_COLUMNS].drop_duplicates()
+    dup = factors["run_id"][factors["run_id"].duplicated()]
+    if len(dup):
+        raise ValueError(f"run(s) {sorted(set(dup))} have rows with different factor values {FACTOR_COLUMNS[1:]}")
+    out = metrics.drop_duplicates(METRIC_KEY, keep="last")
+    return out.sort_values(METRIC_KEY, kind="stable").reset_index(drop=True)[METRIC_COLUMNS]
+
+
+def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read metrics.parquet files (and samples.parquet beside each, if present) into two tables.
+
+    Raises ValueError for an empty list, a file that is not a metrics table, an empty table or a run id that
+    appears in two files; FileNotFoundError for a missing path.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("no runs given: pass at least one metrics.parquet path")
+    frames, sample_frames, seen = [], [], {}
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"metrics file not found: {p}")
+        try:
+            df = read_metrics([p])
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise ValueError(f"{p}: not a valid metrics table: {e}") from e
+        if df.empty:
+            raise ValueError(f"{p}: metrics table has no rows")
+        for run_id in sorted(df["run_id"].unique()):
+            if run_id in seen:
+                raise ValueError(f"run {run_id!r} appears in both {seen[run_id]} and {p}")
+            seen[run_id] = p
+        frames.append(df)
+        sp = p.with_name("samples.parquet")
+        if sp.is_file():
+            sample_frames.append(read_samples(sp))
+    metrics = check_metrics(pd.concat(frames, ignore_index=True))
+    if sample_frames:
+        samples = pd.concat(sample_frames, ignore_index=True)
+        samples = samples.sort_values(["run_id", "step", "episode", "slot"], kind="stable").reset_index(drop=True)
+    else:
+        samples = empty_samples()
+    return metrics, samples

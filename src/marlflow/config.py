@@ -1,0 +1,232 @@
+"""Frozen, validated configuration of one training run.
+
+`RunConfig` is what `results/runs/<run_id>/config.json` holds and what `python -m marlflow.train`
+reads. It is built from one row of the run sheet (`marlflow.matrix`); every invalid combination is
+rejected at construction with a message that names the field and how to fix it, in the manner of
+TRL's `GRPOConfig`. Defaults follow arXiv 2605.24202's code release where the paper gives a value
+(docs/paper-setup.md, section 9); the toy preset overrides them for CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
+SHARINGS = ("sp", "ip")
+SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
+TASK_AXIS = ("math", "code")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+BACKENDS = ("hf", "vllm")
+INTERVENTIONS = ("none",)
+
+# Role types per workflow (paper section 5/8). Numbered calls (generator0..2, worker x3) share a type.
+ROLE_TYPES = {
+    "single": ("generator",),
+    "eval_opt": ("generator", "evaluator"),
+    "voting": ("generator", "aggregator"),
+    "orch_workers": ("orchestrator", "worker", "synthesizer"),
+}
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; the message names the field and the fix."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Which dataset a run trains and evaluates on.
+
+    name: registered task (`marlflow.tasks.TASKS`), e.g. toy_math, toy_code, gsm8k, math, dapo_math,
+        mbpp, humaneval, deepcoder.
+    source: a hub dataset id, or a local JSONL/parquet file or folder; "" uses the task's default.
+    train_file / test_file: local files that override `source` per split.
+    eval_size: held-out problems evaluated at step 0 and every `eval_every` steps (fixed subset).
+    train_size: cap on training problems (0 = all).
+    """
+
+    name: str
+    source: str = ""
+    train_file: str = ""
+    test_file: str = ""
+    eval_size: int = 200
+    train_size: int = 0
+
+    def __post_init__(self):
+        _check(bool(self.name), "task.name is empty; set it to a registered task such as toy_math or gsm8k")
+        _check(self.eval_size >= 1, f"task.eval_size must be >= 1, got {self.eval_size}")
+        _check(self.train_size >= 0, f"task.train_size must be >= 0, got {self.train_size}")
+
+
+@dataclass(frozen=True)
+class GRPOParams:
+    """Optimisation and sampling settings (paper values in docs/paper-setup.md section 9).
+
+    steps: optimizer steps (paper code default 500).
+    problems_per_step: distinct problems per step (paper 64).
+    group_size: workflow rollouts per problem, G (paper 8); GRPO needs at least 2.
+    learning_rate / warmup_steps / lr_scheduler: paper 2e-5, 15 warm-up, cosine.
+    epsilon / epsilon_high: PPO clip range low/high (clip-higher; paper 0.2 / 0.28).
+    beta: KL coefficient (paper: no KL, 0.0).
+    loss_type: TRL loss aggregation; "grpo" is the paper's seq-mean-token-mean.
+    temperature / top_p: rollout sampling (paper 0.7 / 1.0).
+    eval_temperature: 0 = greedy evaluation; >0 samples with a fixed seed (paper 0.7).
+    max_prompt_length / max_completion_length: token budgets per role call.
+    max_grad_norm: clip norm, applied per role adapter under IP (paper 1.0).
+    eval_every: steps between evaluations; step 0 is always evaluated.
+    save_every: steps between checkpoints (0 = only the last).
+    lora_r / lora_alpha / lora_targets: adapter shape (paper r=64, alpha=32, all linear layers).
+    """
+
+    steps: int = 500
+    problems_per_step: int = 64
+    group_size: int = 8
+    learning_rate: float = 2e-5
+    warmup_steps: int = 15
+    lr_scheduler: str = "cosine"
+    weight_decay: float = 0.01
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    beta: float = 0.0
+    loss_type: str = "grpo"
+    temperature: float = 0.7
+    top_p: float = 1.0
+    eval_temperature: float = 0.7
+    max_prompt_length: int = 4096
+    max_completion_length: int = 2048
+    max_grad_norm: float = 1.0
+    eval_every: int = 10
+    save_every: int = 5
+    lora_r: int = 64
+    lora_alpha: int = 32
+    lora_targets: str = "all-linear"
+    max_nan_steps: int = 3
+
+    def __post_init__(self):
+        _check(self.steps >= 1, f"grpo.steps must be >= 1, got {self.steps}")
+        _check(self.problems_per_step >= 1, f"grpo.problems_per_step must be >= 1, got {self.problems_per_step}")
+        _check(
+            self.group_size >= 2,
+            f"grpo.group_size is {self.group_size}; GRPO normalises rewards within a group, so it needs at "
+            "least 2 rollouts per problem (the paper uses 8)",
+        )
+        _check(self.learning_rate > 0, f"grpo.learning_rate must be > 0, got {self.learning_rate}")
+        _check(self.loss_type in LOSS_TYPES, f"grpo.loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
+        _check(self.temperature > 0, "grpo.temperature must be > 0 (rollouts must sample)")
+        _check(self.eval_temperature >= 0, "grpo.eval_temperature must be >= 0 (0 = greedy)")
+        _check(0 < self.top_p <= 1, f"grpo.top_p must be in (0, 1], got {self.top_p}")
+        _check(
+            1 <= self.eval_every <= self.steps,
+            f"grpo.eval_every is {self.eval_every} but grpo.steps is {self.steps}; eval_every must be between 1 "
+            "and steps, otherwise no evaluation after step 0 would run",
+        )
+        _check(self.save_every >= 0, "grpo.save_every must be >= 0")
+        _check(self.lora_r >= 1 and self.lora_alpha >= 1, "grpo.lora_r and grpo.lora_alpha must be >= 1")
+        _check(self.max_grad_norm > 0, "grpo.max_grad_norm must be > 0")
+        _check(self.epsilon > 0 and self.epsilon_high >= self.epsilon, "need 0 < grpo.epsilon <= grpo.epsilon_high")
+        _check(self.max_nan_steps >= 1, "grpo.max_nan_steps must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One cell of the matrix: factors, model, task and GRPO settings.
+
+    model: a local folder (toy/smol, built by `python -m marlflow.models`) or a hub id (paper scales).
+    backend: "hf" (transformers generate, CPU default) or "vllm" (GPU extra).
+    device: "cpu", "cuda" or "auto".
+    threads: torch intra-op threads for this job (CPU).
+    eval_opt_rounds: generator calls at most in Eval-Opt; 0 = paper default (3 math, 2 code).
+    n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
+    micro_batch_size: role calls per forward/backward chunk (0 = a role's whole sub-batch at once).
+    keep_checkpoints: newest checkpoints kept on disk (0 = all).
+    """
+
+    run_id: str
+    workflow: str
+    sharing: str
+    scale: str
+    task_axis: str
+    seed: int
+    task: TaskSpec
+    model: str
+    intervention: str = "none"
+    preset: str = "toy"
+    grpo: GRPOParams = field(default_factory=GRPOParams)
+    backend: str = "hf"
+    device: str = "cpu"
+    threads: int = 1
+    eval_opt_rounds: int = 0
+    n_votes: int = 3
+    n_workers: int = 3
+    samples_per_eval: int = 4
+    micro_batch_size: int = 0
+    keep_checkpoints: int = 0
+
+    def __post_init__(self):
+        _check(self.workflow in WORKFLOWS, f"workflow {self.workflow!r} is unknown; choose one of {WORKFLOWS}")
+        _check(self.sharing in SHARINGS, f"sharing {self.sharing!r} is unknown; choose one of {SHARINGS}")
+        _check(
+            not (self.workflow == "single" and self.sharing == "ip"),
+            "workflow 'single' has one role, so only sharing 'sp' applies; drop 'ip' for single",
+        )
+        _check(self.scale in SCALES, f"scale {self.scale!r} is unknown; choose one of {SCALES}")
+        _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
+        _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
+        _check(self.device in ("cpu", "cuda", "auto"), f"device {self.device!r}: use cpu, cuda or auto")
+        _check(self.intervention in INTERVENTIONS, f"intervention {self.intervention!r}: use one of {INTERVENTIONS}")
+        _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = whole role sub-batch)")
+        _check(self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0 = keep all)")
+        _check(bool(self.model), "model is empty; give a local model folder or a hub id")
+        _check(self.threads >= 1, "threads must be >= 1")
+        _check(1 <= self.n_votes <= 9, "n_votes must be in 1..9 (the aggregator answers with one digit)")
+        _check(1 <= self.n_workers <= 9, "n_workers must be in 1..9")
+        _check(self.eval_opt_rounds >= 0, "eval_opt_rounds must be >= 0")
+        if self.backend == "vllm":
+            _check(self.device != "cpu", "backend 'vllm' needs a GPU; set device: cuda or backend: hf")
+
+    @property
+    def role_types(self) -> tuple[str, ...]:
+        return ROLE_TYPES[self.workflow]
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """Adapter names: one 'shared' adapter under SP, one per role type under IP."""
+        return ("shared",) if self.sharing == "sp" else self.role_types
+
+    def policy_of(self, role: str) -> str:
+        return "shared" if self.sharing == "sp" else role
+
+    @property
+    def factors(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "sharing": self.sharing,
+            "scale": self.scale,
+            "task": self.task_axis,
+            "seed": self.seed,
+            "intervention": self.intervention,
+        }
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        d = dict(d)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        _check(not unknown, f"run config has unknown keys {sorted(unknown)}")
+        d["task"] = TaskSpec(**d["task"])
+        d["grpo"] = GRPOParams(**d.get("grpo", {}))
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,130 @@
+"""The tidy metrics schema and atomic writers.
+
+Every run writes one long table, `metrics.parquet`, whose columns carry the factors of its cell so that
+aggregation never parses a path:
+
+    run_id, workflow, sharing, scale, task, seed, intervention, step, split, role, metric, value
+
+`split` is "train" or "eval"; `role` is a role type ("generator", "evaluator", ...) or "all" for
+workflow-level numbers. New metrics are new rows, never new columns.
+
+All writers here are atomic: they write a temp file in the destination folder and `os.replace` it, so a
+killed job leaves either the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
+METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
+SPLITS = ("train", "eval")
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("workflow", pa.string()),
+        ("sharing", pa.string()),
+        ("scale", pa.string()),
+        ("task", pa.string()),
+        ("seed", pa.int64()),
+        ("intervention", pa.string()),
+        ("step", pa.int64()),
+        ("split", pa.string()),
+        ("role", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+
+
+def _atomic_path(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    tmp = _atomic_path(path)
+    try:
+        tmp.write_bytes(data)
+        _commit(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_write_parquet(df: pd.DataFrame, path: str | os.PathLike, schema: pa.Schema | None = None) -> None:
+    path = Path(path)
+    tmp = _atomic_path(path)
+    try:
+        table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, tmp)
+        _commit(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def validate_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Return `df` with the schema's columns and dtypes; raise ValueError naming what is wrong."""
+    missing = [c for c in METRIC_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"metrics table lacks columns {missing}; expected {METRIC_COLUMNS}")
+    extra = [c for c in df.columns if c not in METRIC_COLUMNS]
+    if extra:
+        raise ValueError(f"metrics table has unexpected columns {extra}; new metrics are rows, not columns")
+    bad = set(df["split"].unique()) - set(SPLITS)
+    if bad:
+        raise ValueError(f"metrics split must be one of {SPLITS}, got {sorted(bad)}")
+    out = df[METRIC_COLUMNS].copy()
+    for col in ("seed", "step"):
+        out[col] = out[col].astype("int64")
+    out["value"] = out["value"].astype("float64")
+    for col in METRIC_COLUMNS:
+        if col not in ("seed", "step", "value"):
+            out[col] = out[col].astype(str)
+    return out
+
+
+def write_metrics(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    atomic_write_parquet(validate_metrics(df), path, schema=SCHEMA)
+
+
+def read_metrics(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
+    frames = [pd.read_parquet(p) for p in paths]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=f.type.to_pandas_dtype()) for c, f in zip(METRIC_COLUMNS, SCHEMA)})
+    return validate_metrics(pd.concat(frames, ignore_index=True))
+
+
+def rows(factors: Mapping[str, object], step: int, split: str, role: str, values: Mapping[str, float]) -> list[dict]:
+    """Long-format rows for one (step, split, role): one row per metric name."""
+    base = {c: factors[c] for c in FACTOR_COLUMNS}
+    return [
+        {**base, "step": int(step), "split": split, "role": role, "metric": k, "value": float(v)}
+        for k, v in values.items()
+    ]

@@ -1,0 +1,178 @@
+"""Toy tasks for the `toy` preset: chained integer arithmetic and tiny Python functions.
+
+Both are generated from a seed (no files), small enough that a ~1M-parameter model learns them on a
+CPU in minutes, and hard enough that a short warm start leaves room for RL:
+
+- toy_math: `12+5-7` with 3-4 terms in 1..19; reward 1 if the last `\\boxed{}` equals the value.
+- toy_code: "add 3, multiply by 2, subtract 5" -> `def f(x): ...`; reward 1 if the function passes
+  five asserts, run in the sandbox like any model-written code.
+
+Train and test problems are disjoint (split by a hash of the problem text). The module also writes the
+gold output of every role (`role_target`), which `marlflow.models build-toy` uses for the warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+
+from marlflow.tasks import Problem, register
+
+MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer")
+CODE_STRATEGIES = ("step by step", "one expression", "a lambda")
+_CODE_OPS = {"add": "+", "subtract": "-", "multiply by": "*"}
+_TEST_XS = (0, 1, 2, 5, -3)
+
+
+def _is_test(text: str) -> bool:
+    # A fixed 20% of the problem space is held out; membership depends only on the text.
+    return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 5 == 0
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` in `text` (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def _generate(kind: str, split: str, n: int, seed: int, make) -> list[Problem]:
+    rng = random.Random(f"{kind}-{seed}")
+    out, seen = [], set()
+    while len(out) < n:
+        prompt, answer, tests = make(rng)
+        if prompt in seen or _is_test(prompt) != (split == "test"):
+            continue
+        seen.add(prompt)
+        uid = f"toy_{kind}-{hashlib.sha256(prompt.encode()).hexdigest()[:10]}"
+        out.append(Problem(uid=uid, task=f"toy_{kind}", kind=kind, prompt=prompt, answer=answer, tests=tests))
+    return out
+
+
+# ---------------------------------------------------------------- toy_math
+
+
+def _make_math(rng: random.Random):
+    terms = [rng.randint(1, 19) for _ in range(rng.choice((3, 4)))]
+    signs = [rng.choice("+-") for _ in terms[1:]]
+    prompt = str(terms[0]) + "".join(f"{s}{t}" for s, t in zip(signs, terms[1:]))
+    return prompt, str(eval(prompt)), ""  # noqa: S307 - our own generated arithmetic, not model output
+
+
+def _math_terms(prompt: str) -> list[int]:
+    return [int(t) for t in re.findall(r"[+-]?\d+", prompt)]
+
+
+def math_solution(prompt: str, strategy: str = MATH_STRATEGIES[0], error_at: int | None = None, delta: int = 1):
+    """Gold (or deliberately wrong, if `error_at` is set) worked solution in the toy format."""
+    terms = _math_terms(prompt)
+    if strategy == "add then subtract":
+        pos, neg = sum(t for t in terms if t > 0), -sum(t for t in terms if t < 0)
+        steps = [pos, neg]
+        if error_at is not None:
+            steps[min(error_at, 1)] += delta
+        return f"+{steps[0]};-{steps[1]};\\boxed{{{steps[0] - steps[1]}}}"
+    running, steps = terms[0], []
+    for k, t in enumerate(terms[1:]):
+        running += t
+        if error_at == k:
+            running += delta
+        steps.append(running)
+    if strategy == "just the answer":
+        return f"\\boxed{{{steps[-1]}}}"
+    return ";".join(str(s) for s in steps[:-1]) + f";\\boxed{{{steps[-1]}}}"
+
+
+class ToyMath:
+    name, kind = "toy_math", "math"
+    strategies = MATH_STRATEGIES
+
+    def load(self, split: str, spec) -> list[Problem]:
+        n = spec.eval_size if split == "test" else (spec.train_size or 4000)
+        return _generate("math", split, n, 0, _make_math)
+
+    def extract(self, text: str) -> str | None:
+        return last_boxed(text)
+
+    def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
+        return [float((self.extract(o) or "").strip() == p.answer) for p, o in zip(problems, outputs)]
+
+    def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
+        err = rng.randrange(len(_math_terms(problem.prompt)) - 1) if rng.random() < p_wrong else None
+        return math_solution(problem.prompt, strategy or MATH_STRATEGIES[0], err, rng.choice((-2, -1, 1, 2)))
+
+
+register("toy_math")(ToyMath)
+
+# ---------------------------------------------------------------- toy_code
+
+
+def _make_code(rng: random.Random):
+    ops = [(rng.choice(list(_CODE_OPS)), 0) for _ in range(rng.choice((2, 3)))]
+    ops = [(op, rng.randint(2, 5) if op == "multiply by" else rng.randint(1, 9)) for op, _ in ops]
+    prompt = ", ".join(f"{op} {k}" for op, k in ops)
+    tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
+    return prompt, code_solution(prompt), tests
+
+
+def _apply(ops, x: int) -> int:
+    for op, k in ops:
+        x = {"+": x + k, "-": x - k, "*": x * k}[_CODE_OPS[op]]
+    return x
+
+
+def _code_ops(prompt: str) -> list[tuple[str, int]]:
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(add|subtract|multiply by) (\d+)", prompt)]
+
+
+def code_solution(prompt: str, strategy: str = CODE_STRATEGIES[0], error_at: int | None = None, delta: int = 1):
+    """Gold (or wrong, if `error_at` is set: that step's constant is off by `delta`) function text."""
+    ops = [(_CODE_OPS[op], k + (delta if i == error_at else 0)) for i, (op, k) in enumerate(_code_ops(prompt))]
+    if strategy == "step by step":
+        body = "; ".join(f"x = x {s} {k}" for s, k in ops[:-1])
+        last = f"return x {ops[-1][0]} {ops[-1][1]}"
+        src = f"def f(x): {body}; {last}" if body else f"def f(x): {last}"
+    else:
+        expr = "x"
+        for s, k in ops:
+            if s == "*" and ("+" in expr or "-" in expr):
+                expr = f"({expr})"
+            expr = f"{expr} {s} {k}"
+        src = f"def f(x): return {expr}" if strategy == "one expression" else f"f = lambda x: {expr}"
+    return f"```python\n{src}\n```"
+
+
+class ToyCode:
+    name, kind = "toy_code", "code"
+    strategies = CODE_STRATEGIES
+
+    def load(self, split: str, spec) -> list[Problem]:
+        n = spec.eval_size if split == "test" else (spec.train_size or 4000)
+        return _generate("code", split, n, 0, _make_code)
+
+    def extract(self, text: str) -> str | None:
+        blocks = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)
+        return blocks[-1] if blocks else (text.strip() or None)
+
+    def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
+        from marlflow.sandbox import verify_many
+
+        codes = [self.extract(o) or "" for o in outputs]
+        results = verify_many([(c, p.tests) for c, p in zip(codes, problems)], timeout=5.0)
+        return [float(r.passed) for r in results]
+
+    def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
+        n = len(_code_ops(problem.prompt))
+        err = rng.randrange(n) if rng.random() < p_wrong else None
+        return code_solution(problem.prompt, strategy or CODE_STRATEGIES[0], err, rng.choice((-1, 1, 2)))
+
+
+register("toy_code")(ToyCode)

@@ -1,0 +1,90 @@
+"""Train one cell of the matrix: `python -m marlflow.train --config CONFIG.json --out RUN_DIR`.
+
+Reads a `RunConfig` (written by the Snakemake rule `run_config`), loads the base model once, puts one
+LoRA adapter per policy on it (SP: "shared"; IP: one per role type), and runs
+`MultiAgentGRPOTrainer.fit()`. A rerun of a killed job resumes from the newest complete checkpoint in
+RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
+
+    RUN_DIR/metrics.parquet   tidy metrics (marlflow.metrics schema)
+    RUN_DIR/samples.parquet   a few full eval episodes per evaluation (every role's prompt and output)
+    RUN_DIR/checkpoints/step-N/adapters/<policy>/   LoRA adapters (PEFT format) + optimizer/RNG state
+    RUN_DIR/DONE              JSON with the final step and accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from marlflow.config import ConfigError, RunConfig
+from marlflow.metrics import atomic_write_json, write_metrics
+from marlflow.tasks import get_task
+
+
+def attach_adapters(cfg: RunConfig, base):
+    """The base model with one freshly initialised LoRA adapter per policy (B = 0: starts as the base)."""
+    from peft import LoraConfig, get_peft_model
+
+    g = cfg.grpo
+    targets = g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
+    lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
+                      task_type="CAUSAL_LM")  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    model = get_peft_model(base, lora, adapter_name=cfg.policies[0])
+    for p in cfg.policies[1:]:
+        model.add_adapter(p, lora)
+    return model
+
+
+def build_trainer(cfg: RunConfig, out_dir: Path):
+    from marlflow.models import load_model_and_tokenizer
+    from marlflow.trainer import MultiAgentGRPOTrainer
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    base, tok = load_model_and_tokenizer(cfg.model, device=cfg.device)
+    return MultiAgentGRPOTrainer(cfg, attach_adapters(cfg, base), tok, get_task(cfg.task.name), out_dir)
+
+
+def run(cfg: RunConfig, out_dir: Path) -> pd.DataFrame:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "DONE").unlink(missing_ok=True)
+    trainer = build_trainer(cfg, out_dir)
+    metrics = trainer.fit()
+    write_metrics(metrics, out_dir / "metrics.parquet")
+    samples = pd.DataFrame(trainer.sample_rows)
+    samples.to_parquet(out_dir / ".samples.parquet.tmp", index=False)
+    os.replace(out_dir / ".samples.parquet.tmp", out_dir / "samples.parquet")
+    acc = metrics[(metrics.split == "eval") & (metrics.role == "all") & (metrics.metric == "accuracy")]
+    atomic_write_json(out_dir / "DONE", {"run_id": cfg.run_id, "steps": trainer.step,
+                                         "final_accuracy": float(acc.value.iloc[-1])})  # fmt: skip
+    return metrics
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m marlflow.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="run config JSON (results/runs/<run_id>/config.json)")
+    ap.add_argument("--out", required=True, help="run folder for metrics, samples, checkpoints, DONE")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = RunConfig.load(args.config)
+    except (ConfigError, FileNotFoundError, KeyError, TypeError) as err:
+        print(f"marlflow.train: invalid run config {args.config}: {err}", file=sys.stderr)
+        return 2
+    try:
+        run(cfg, Path(args.out))
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"marlflow.train: run {cfg.run_id} failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The multi-agent GRPO trainer: TRL's GRPOTrainer with workflow rollouts and per-role updates.
+
+`MultiAgentGRPOTrainer` subclasses `trl.GRPOTrainer` (pinned to 1.16.0) and keeps TRL's loss
+(`_compute_loss`: clip-higher, loss types, fused log-prob head). What it replaces is the outer loop, so
+that one step reads top to bottom:
+
+    problems  = the step's problems (a pure function of seed and step, so resume needs no sampler state)
+    episodes  = rollout(workflow, problems x G)             # batched: one generate per policy per stage
+    calls     = every role call of every episode, reward = the episode's final outcome (paper default)
+    adv       = GRPO advantages within (problem, slot) groups; check_groups() asserts none is mixed
+    for policy in policies:                                  # SP: "shared"; IP: one adapter per role type
+        for role routed to it:  loss_r = TRL _compute_loss(role sub-batch) * weight; backward
+                                grad_norm[role] = norm of the gradient that role added
+        clip this policy's gradient; step this policy's own AdamW and scheduler
+    evaluate every eval_every steps; checkpoint every save_every steps
+
+Under SP each role's gradient contribution is separated by differencing the accumulated gradient after
+each role's backward, so per-role gradient norms and shares exist under both policies.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from datasets import Dataset
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import get_scheduler
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import pad
+
+from marlflow import algos
+from marlflow.generation import ChatEncoder, Sampling, make_backend
+from marlflow.metrics import atomic_write_json, rows, write_metrics
+from marlflow.workflows import Context, rollout
+
+log = logging.getLogger("marlflow.trainer")
+
+SAMPLE_COLUMNS = [
+    "run_id", "workflow", "sharing", "scale", "task", "seed", "intervention",
+    "step", "episode", "uid", "slot", "role", "prompt", "output", "reward", "format_failure",
+]  # fmt: skip
+
+
+class NaNLossError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+def _no_reward(prompts, completions, **kwargs):
+    # TRL requires at least one reward function; rewards come from the task verifier in `rollout`.
+    return [None] * len(prompts)
+
+
+def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
+    g = cfg.grpo
+    return GRPOConfig(
+        output_dir=str(out_dir / "trl"),
+        per_device_train_batch_size=g.group_size,
+        num_generations=g.group_size,
+        max_completion_length=g.max_completion_length,
+        learning_rate=g.learning_rate,
+        beta=g.beta,
+        loss_type=g.loss_type,
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        max_grad_norm=g.max_grad_norm,
+        use_cpu=cfg.device == "cpu",
+        bf16=cfg.device == "cuda",
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=cfg.seed,
+        use_vllm=False,
+        disable_tqdm=True,
+    )
+
+
+class MultiAgentGRPOTrainer(GRPOTrainer):
+    """GRPO over workflow episodes with one LoRA adapter per policy on one frozen base model.
+
+    model: a `peft.PeftModel` holding one adapter per name in `cfg.policies`.
+    task: a `marlflow.tasks.Task`; out_dir: the run folder (checkpoints/, metrics.parquet, ...).
+    """
+
+    def __init__(self, cfg, model, tokenizer, task, out_dir: str | Path):
+        self.cfg, self.task, self.out_dir = cfg, task, Path(out_dir)
+        placeholder = Dataset.from_dict({"prompt": ["unused"] * cfg.grpo.group_size})
+        super().__init__(
+            model=model,
+            reward_funcs=[_no_reward],
+            args=_grpo_args(cfg, self.out_dir),
+            train_dataset=placeholder,
+            processing_class=tokenizer,
+        )
+        self.current_gradient_accumulation_steps = 1
+        self.train_problems = task.load("train", cfg.task)
+        self.eval_problems = task.load("test", cfg.task)[: cfg.task.eval_size]
+        for name, probs in (("train", self.train_problems), ("test", self.eval_problems)):
+            if not probs:
+                raise ValueError(f"task {cfg.task.name!r} has an empty {name} split; check task.source in matrix.yaml")
+        self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
+        self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
+        self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies}
+        g = cfg.grpo
+        self.optimizers, self.schedulers = {}, {}
+        for p, params in self.params.items():
+            if not params:
+                raise ValueError(f"adapter {p!r} has no parameters; was the PEFT model built with it?")
+            opt = torch.optim.AdamW(params, lr=g.learning_rate, weight_decay=g.weight_decay)
+            self.optimizers[p] = opt
+            self.schedulers[p] = get_scheduler(g.lr_scheduler, opt, g.warmup_steps, g.steps)
+        self.step = 0
+        self.nan_streak = 0
+        self.metric_rows: list[dict] = []
+        self.sample_rows: list[dict] = []
+
+    # ------------------------------------------------------------------ data
+
+    def problems_for(self, step: int):
+        """The step's problems: a pure function of (seed, step), so a resumed run sees the same data."""
+        rng = random.Random(f"{self.cfg.seed}-{step}")
+        return rng.sample(self.train_problems, min(self.cfg.grpo.problems_per_step, len(self.train_problems)))
+
+    def _ctx(self, temperature: float, timer=None) -> Context:
+        g = self.cfg.grpo
+        sampling = Sampling(temperature, g.top_p, g.max_completion_length)
+        return Context(self.cfg, self.task.kind, self.backend, self.encoder, sampling, timer)
+
+    # ------------------------------------------------------------------ one training step
+
+    def flatten(self, episodes):
+        """Episodes -> (calls, rewards (N,), advantages (N,), group index (N,), group std (K,))."""
+        calls, keys, rewards = [], [], []
+        for e in episodes:
+            for c in e.calls:
+                calls.append(c)
+                keys.append((e.problem.uid, c.slot))
+                rewards.append(e.reward)  # final-outcome credit: every role call gets the episode reward
+        index, _ = algos.group_ids(keys)
+        algos.check_groups(
+            index, [k[0] for k in keys], [c.role for c in calls], [e.problem.task for e in episodes for _ in e.calls]
+        )
+        r = torch.tensor(rewards, dtype=torch.float32)
+        adv, std = algos.group_advantages(r, index)
+        return calls, r, adv, index, std
+
+    def collate(self, calls, advantages: torch.Tensor, num_items: int) -> dict:
+        """Role calls -> the input dict TRL's `_compute_loss` expects (prompts left-, completions right-padded)."""
+        device = self.accelerator.device
+        prompts = [torch.tensor(c.prompt_ids) for c in calls]
+        comps = [torch.tensor(c.completion_ids or [self.processing_class.eos_token_id]) for c in calls]
+        return {
+            "prompt_ids": pad(prompts, self.processing_class.pad_token_id, padding_side="left").to(device),
+            "prompt_mask": pad([torch.ones_like(p) for p in prompts], 0, padding_side="left").to(device),
+            "completion_ids": pad(comps, self.processing_class.pad_token_id, padding_side="right").to(device),
+            "completion_mask": pad(
+                [torch.ones_like(c) if k.completion_ids else torch.zeros_like(c) for c, k in zip(comps, calls)],
+                0,
+                padding_side="right",
+            ).to(device),
+            "advantages": advantages.to(device),
+            "num_items_in_batch": torch.tensor(float(num_items), device=device),
+        }
+
+    def _flat_grad(self, params) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params])
+
+    def update(self, calls, adv: torch.Tensor) -> dict:
+        """Per-policy backward with per-role gradient accounting, per-policy clipping; optimizer steps.
+
+        Returns per-role stats {role: {...}} and workflow stats under "all". If any loss or gradient is not
+        finite, no parameter changes and stats["all"]["nan_skipped"] == 1.
+        """
+        cfg, g = self.cfg, self.cfg.grpo
+        stats: dict[str, dict] = defaultdict(dict)
+        total_loss, finite, policy_norms = 0.0, True, {}
+        mb = cfg.micro_batch_size or len(calls)
+        for policy in cfg.policies:
+            idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
+            if not idx:
+                continue
+            self.model.set_adapter(policy)  # PEFT: only the active adapter requires grad
+            self.model.train()
+            params = self.params[policy]
+            self.optimizers[policy].zero_grad(set_to_none=True)
+            n_pol = len(idx)
+            tok_pol = sum(len(calls[i].completion_ids) for i in idx)
+            prev = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
+            for role in dict.fromkeys(calls[i].role for i in idx):
+                ridx = [i for i in idx if calls[i].role == role]
+                role_loss, ent, clip = 0.0, [], []
+                for s in range(0, len(ridx), mb):
+                    piece = ridx[s : s + mb]
+                    pcalls = [calls[i] for i in piece]
+                    tok = sum(len(c.completion_ids) for c in pcalls)
+                    inputs = self.collate(pcalls, adv[piece], tok_pol)
+                    w = algos.role_loss_weight(g.loss_type, len(piece), n_pol, tok, tok_pol)
+                    loss = self._compute_loss(self.model, inputs) * w
+                    ent.append(self._metrics["train"]["entropy"].pop() * len(piece))
+                    clip.append(self._metrics["train"].get("clip_ratio/region_mean", [0.0])[-1] * len(piece))
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    loss.backward()
+                    role_loss += loss.item()
+                flat = self._flat_grad(params)
+                stats[role].update(
+                    loss=role_loss,
+                    grad_norm=(flat - prev).norm().item(),
+                    entropy=sum(ent) / len(ridx),
+                    clip_frac=sum(clip) / len(ridx),
+                )
+                prev = flat
+                total_loss += role_loss
+            policy_norms[policy] = prev.norm().item()
+            finite = finite and math.isfinite(policy_norms[policy])
+        self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
+        stats["all"]["nan_skipped"] = float(not finite)
+        if not finite:
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            return stats
+        for policy in policy_norms:
+            torch.nn.utils.clip_grad_norm_(self.params[policy], g.max_grad_norm)
+            self.optimizers[policy].step()
+            self.schedulers[policy].step()
+            self.optimizers[policy].zero_grad(set_to_none=True)
+        shares = algos.grad_shares({r: s["grad_norm"] for r, s in stats.items() if r != "all"})
+        for r, v in shares.items():
+            stats[r]["grad_share"] = v
+        stats["all"].update(
+            loss=total_loss,
+            grad_norm=math.sqrt(sum(v * v for v in policy_norms.values())),
+            lr=self.schedulers[cfg.policies[0]].get_last_lr()[0],
+        )
+        return stats
+
+    def train_step(self, step: int) -> None:
+        t0 = time.perf_counter()
+        timer = defaultdict(float)
+        calls_before = self.backend.calls
+        episodes = rollout(self.cfg, self.task, self.problems_for(step), self._ctx(self.cfg.grpo.temperature, timer),
+                           self.cfg.grpo.group_size)  # fmt: skip
+        calls, r, adv, index, std = self.flatten(episodes)
+        t1 = time.perf_counter()
+        stats = self.update(calls, adv)
+        t_backward = time.perf_counter() - t1
+        if stats["all"]["nan_skipped"]:
+            self.nan_streak += 1
+            log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, self.nan_streak)
+            if self.nan_streak >= self.cfg.grpo.max_nan_steps:
+                raise NaNLossError(
+                    f"{self.nan_streak} consecutive steps had a non-finite loss or gradient (last: step {step}); "
+                    f"stopping. The last good checkpoint is kept in {self.out_dir / 'checkpoints'}. Lower "
+                    "grpo.learning_rate or grpo.max_grad_norm, or check the model dtype, then rerun to resume."
+                )
+        else:
+            self.nan_streak = 0
+        zero_group = (std == 0) | torch.isnan(std)
+        for role in dict.fromkeys(c.role for c in calls):
+            sel = [i for i, c in enumerate(calls) if c.role == role]
+            groups = index[sel].unique()
+            lengths = [len(calls[i].completion_ids) for i in sel]
+            values = {
+                "samples": len(sel),
+                "tokens": sum(lengths),
+                "reward_mean": r[sel].mean().item(),
+                "advantage_mean": adv[sel].mean().item(),
+                "advantage_std": adv[sel].std().item() if len(sel) > 1 else 0.0,
+                "zero_adv_group_frac": zero_group[groups].float().mean().item(),
+                "completion_length": sum(lengths) / len(sel),
+                "format_failure_rate": sum(calls[i].format_failure for i in sel) / len(sel),
+                **stats.get(role, {}),
+            }
+            self.metric_rows += rows(self.cfg.factors, step, "train", role, values)
+        step_time = time.perf_counter() - t0
+        self.metric_rows += rows(
+            self.cfg.factors,
+            step,
+            "train",
+            "all",
+            {
+                "reward_mean": sum(e.reward for e in episodes) / len(episodes),
+                **stats["all"],
+                "step_time": step_time,
+                "time_generate": timer["generate"],
+                "time_score": timer["score"],
+                "time_backward": t_backward,
+                "time_other": step_time - timer["generate"] - timer["score"] - t_backward,
+                "generate_calls": self.backend.calls - calls_before,
+            },
+        )
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Workflow accuracy on the fixed held-out subset, one episode per problem.
+
+        Sampling uses its own seeded RNG stream (identical at every evaluation) and leaves the training RNG
+        untouched, so evaluating never changes what training does next.
+        """
+        cfg = self.cfg
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed + 1_000_003)
+            if torch.cuda.is_available():
+                torch.cuda.manual_seed_all(cfg.seed + 1_000_003)
+            episodes = rollout(cfg, self.task, self.eval_problems, self._ctx(cfg.grpo.eval_temperature), 1)
+        n = len(episodes)
+        acc = sum(e.reward for e in episodes) / n
+        values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
+        if cfg.workflow in ("voting", "orch_workers"):
+            cands = [(e.problem, c) for e in episodes for c in e.info.get("candidates", [])]
+            scores = self.task.score([p for p, _ in cands], [c for _, c in cands]) if cands else []
+            it = iter(scores)
+            per_ep = [[next(it) for _ in e.info.get("candidates", [])] for e in episodes]
+            values["any_correct"] = sum(bool(s) and max(s) > 0 for s in per_ep) / n
+            key = "generator_accuracy" if cfg.workflow == "voting" else "worker_accuracy"
+            values[key] = float(np.mean(scores)) if scores else 0.0
+        if cfg.workflow == "eval_opt":
+            values["rounds_mean"] = float(np.mean([e.info.get("rounds", 1) for e in episodes]))
+        self.metric_rows += rows(cfg.factors, step, "eval", "all", values)
+        by_role = defaultdict(list)
+        for e in episodes:
+            for c in e.calls:
+                by_role[c.role].append(c)
+        for role, cs in by_role.items():
+            self.metric_rows += rows(
+                cfg.factors,
+                step,
+                "eval",
+                role,
+                {
+                    "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
+                    "completion_length": sum(len(c.completion_ids) for c in cs) / len(cs),
+                },
+            )
+        for k, e in enumerate(episodes[: cfg.samples_per_eval]):
+            for c in e.calls:
+                self.sample_rows.append(
+                    {
+                        **cfg.factors,
+                        "step": step,
+                        "episode": k,
+                        "uid": e.problem.uid,
+                        "slot": c.slot,
+                        "role": c.role,
+                        "prompt": self.encoder.tok.decode(c.prompt_ids),
+                        "output": c.text,
+                        "reward": e.reward,
+                        "format_failure": c.format_failure,
+                    }
+                )
+        log.info("step %d eval accuracy %.3f (n=%d)", step, acc, n)
+        return acc
+
+    # ------------------------------------------------------------------ checkpoints and resume
+
+    def _checkpoints(self) -> list[Path]:
+        root = self.out_dir / "checkpoints"
+        done = [p for p in root.glob("step-*") if (p / "COMPLETE").exists() and p.name[5:].isdigit()]
+        return sorted(done, key=lambda p: int(p.name[5:]))
+
+    def save_checkpoint(self) -> Path:
+        """Everything the run's future depends on, written to a temp folder renamed into place."""
+        root = self.out_dir / "checkpoints"
+        final, tmp = root / f"step-{self.step}", root / f".step-{self.step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp / "adapters", selected_adapters=list(self.cfg.policies))
+        torch.save(
+            {
+                "step": self.step,
+                "nan_streak": self.nan_streak,
+                "adapters": {p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies},
+                "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
+                "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
+                "rng": {
+                    "python": random.getstate(),
+                    "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                },
+            },
+            tmp / "state.pt",
+        )
+        write_metrics(pd.DataFrame(self.metric_rows), tmp / "metrics.parquet")
+        pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS).to_parquet(tmp / "samples.parquet", index=False)
+        atomic_write_json(tmp / "COMPLETE", {"step": self.step})
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        keep = self.cfg.keep_checkpoints
+        if keep:
+            for old in self._checkpoints()[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint, if any; each adapter goes back to its own policy."""
+        ckpts = self._checkpoints()
+        if not ckpts:
+            return False
+        ckpt = ckpts[-1]
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        for p, sd in state["adapters"].items():
+            set_peft_model_state_dict(self.model, sd, adapter_name=p)
+        for p, sd in state["optimizers"].items():
+            self.optimizers[p].load_state_dict(sd)
+        for p, sd in state["schedulers"].items():
+            self.schedulers[p].load_state_dict(sd)
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step, self.nan_streak = state["step"], state["nan_streak"]
+        self.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
+        self.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
+        log.info("resumed from %s", ckpt)
+        return True
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> pd.DataFrame:
+        """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table."""
+        g = self.cfg.grpo
+        if not self.restore():
+            self.evaluate(0)
+        while self.step < g.steps:
+            self.step += 1
+            self.train_step(self.step)
+            if self.step % g.eval_every == 0 or self.step == g.steps:
+                self.evaluate(self.step)
+            if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
+                self.save_checkpoint()
+        return pd.DataFrame(self.metric_rows)

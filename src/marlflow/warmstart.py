@@ -1,0 +1,140 @@
+"""Synthetic warm-start corpus for the toy model: one supervised example per role call.
+
+Every example is the exact chat messages a workflow role sees (built with `marlflow.workflows.prompts`)
+plus the gold assistant reply, made from toy-task problems and their gold or deliberately wrong
+solutions (`task.solution`). `marlflow.models build-toy` trains on examples built from train problems
+and measures each role on examples built from test problems with `score_outputs`.
+
+    from marlflow.warmstart import build_examples
+    examples = build_examples(get_task("toy_math"), problems, n=1000, rng=random.Random(0))
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from marlflow.tasks.toy import last_boxed
+from marlflow.workflows import prompts
+
+ROLES = ("generator", "evaluator", "refinement", "aggregator", "orchestrator", "worker", "synthesizer")
+# Share of examples per role. Generator-like roles dominate because they carry the task skill (and the
+# RL signal); the judging roles only need their output format plus a better-than-chance instinct.
+ROLE_MIX = {
+    "generator": 4.0,
+    "worker": 2.0,
+    "refinement": 1.0,
+    "evaluator": 1.5,
+    "aggregator": 1.0,
+    "orchestrator": 0.5,
+    "synthesizer": 1.0,
+}
+_STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
+
+
+@dataclass
+class Example:
+    role: str
+    task: str
+    messages: list[dict]
+    target: str
+    problem: object = None  # marlflow.tasks.Problem whose answer the output is scored against
+    meta: dict = field(default_factory=dict)  # what the role-specific check needs (truth, good picks)
+
+
+def _sol(task, p, rng, correct: bool, strategy: str | None = None) -> str:
+    return task.solution(p, strategy, rng, 0.0 if correct else 1.0)
+
+
+def _critique(wrong: str, gold: str) -> str:
+    # Name the first step that differs: the toy formats separate steps with ';'.
+    for i, (a, b) in enumerate(zip(wrong.split(";"), gold.split(";")), 1):
+        if a != b:
+            return f"\\boxed{{Incorrect}} Step {i} is wrong."
+    return "\\boxed{Incorrect} The result is wrong."
+
+
+def _example(role: str, task, p, rng: random.Random) -> Example:
+    kind, gold = task.kind, task.solution(p, None, rng, 0.0)
+    ex = Example(role, task.name, [], gold, p)
+    if role == "generator":
+        ex.messages = prompts.solve(kind, p.prompt)
+    elif role == "evaluator":
+        truth = rng.random() < 0.5
+        sol = gold if truth else _sol(task, p, rng, False)
+        ex.messages = prompts.evaluate(kind, p.prompt, [*prompts.solve(kind, p.prompt), _asst(sol)])
+        ex.target = "\\boxed{Correct}" if truth else _critique(sol, gold)
+        ex.meta = {"truth": truth}
+    elif role == "refinement":
+        wrong = _sol(task, p, rng, False)
+        judged = prompts.evaluate(kind, p.prompt, [*prompts.solve(kind, p.prompt), _asst(wrong)])
+        ex.messages = prompts.refine(kind, [*judged, _asst(_critique(wrong, gold))])
+    elif role == "aggregator":
+        ok = [rng.random() < 0.4 for _ in range(3)]
+        ex.messages = prompts.aggregate(kind, p.prompt, [_sol(task, p, rng, c) for c in ok])
+        good = [i + 1 for i, c in enumerate(ok) if c]
+        ex.target = f"\\boxed{{{rng.choice(good or [1, 2, 3])}}}"
+        ex.meta = {"good": good}
+    elif role == "orchestrator":
+        chosen = rng.sample(list(task.strategies), 3 if rng.random() < 0.7 else 2)
+        ex.messages = prompts.orchestrate(kind, p.prompt, 3)
+        ex.target = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(chosen, 1))
+    elif role == "worker":
+        strategy = rng.choice(task.strategies)
+        ex.messages = prompts.work(kind, p.prompt, strategy)
+        ex.target = task.solution(p, strategy, rng, 0.0)
+    elif role == "synthesizer":
+        ok = [rng.random() < 0.5 for _ in range(3)]
+        sols = [_sol(task, p, rng, c, rng.choice(task.strategies)) for c in ok]
+        ex.messages = prompts.synthesize(kind, p.prompt, sols)
+        ex.target = _synthesis(kind, sols, ok, gold)
+    else:
+        raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
+    return ex
+
+
+def _asst(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def _synthesis(kind: str, sols: list[str], ok: list[bool], gold: str) -> str:
+    if kind == "math":
+        (answer, count), *_ = Counter(last_boxed(s) for s in sols).most_common(1)
+        return f"\\boxed{{{answer if count >= 2 else last_boxed(gold)}}}"
+    # Code: copy a candidate when the correct ones agree (are the majority), else write the gold function.
+    return next(s for s, c in zip(sols, ok) if c) if sum(ok) >= 2 else gold
+
+
+def build_examples(task, problems: list, n: int, rng: random.Random, mix: dict | None = None) -> list[Example]:
+    """`n` examples of `task`, roles drawn by `mix` (default ROLE_MIX), problems drawn from `problems`."""
+    mix = mix or ROLE_MIX
+    roles = rng.choices(list(mix), weights=list(mix.values()), k=n)
+    return [_example(role, task, rng.choice(problems), rng) for role in roles]
+
+
+def role_examples(task, problems: list, role: str, rng: random.Random) -> list[Example]:
+    """One `role` example per problem (for measuring a role on held-out problems)."""
+    return [_example(role, task, p, rng) for p in problems]
+
+
+def score_outputs(task, examples: list[Example], outputs: list[str]) -> list[float] | None:
+    """Role-specific correctness of each output (all examples must share one role).
+
+    generator/refinement/worker/synthesizer: the task's own reward; evaluator: the verdict matches the
+    truth; aggregator: the pick is a correct candidate; orchestrator: at least one parseable STRATEGY line
+    naming one of the task's strategies. None when the task cannot be scored here (toy_code before
+    `marlflow.sandbox` exists)."""
+    role = examples[0].role
+    if role == "evaluator":
+        verdicts = [(last_boxed(o) or "").strip() for o in outputs]
+        return [float(v == ("Correct" if e.meta["truth"] else "Incorrect")) for e, v in zip(examples, verdicts)]
+    if role == "aggregator":
+        return [float((last_boxed(o) or "").strip() in map(str, e.meta["good"])) for e, o in zip(examples, outputs)]
+    if role == "orchestrator":
+        return [float(any(s.strip() in task.strategies for _, s in _STRATEGY_RE.findall(o))) for o in outputs]
+    try:
+        return task.score([e.problem for e in examples], outputs)
+    except ImportError:
+        return None

@@ -1,0 +1,94 @@
+"""Workflows: role graphs that turn a batch of problems into episodes of role calls.
+
+A workflow is a function `run(episodes, ctx)` that advances *all* episodes of a step together, stage by
+stage. Each stage collects the role calls it needs and hands them to `ctx.generate`, which issues one
+batched generate per policy (SP: one; IP: one per role type present in the stage). Workflows do not
+know which backend, policy routing or model runs underneath.
+
+    episodes = rollout(cfg, task, problems, backend, encoder, sampling, group_size=G)
+    episodes[i].final       # the text that is scored
+    episodes[i].calls       # every role call: slot, role, prompt ids, completion ids, text
+
+Unparseable role outputs (no verdict, no pick, no strategies) take the fallback documented in each
+workflow and set `Call.format_failure`, which the trainer reports per role.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from marlflow.generation import Sampling
+from marlflow.tasks import Problem
+
+
+@dataclass
+class Call:
+    """One role call in one episode. `slot` names the call's position (generator0, evaluator1, worker2):
+    GRPO groups are (problem, slot) across the G rollouts of a problem."""
+
+    slot: str
+    role: str
+    messages: list[dict]
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    format_failure: bool = False
+
+
+@dataclass
+class Episode:
+    problem: Problem
+    rollout: int  # index among the G rollouts of this problem
+    calls: list[Call] = field(default_factory=list)
+    final: str = ""
+    reward: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class Context:
+    """What a workflow may use: the task kind, run settings and a batched `generate`."""
+
+    def __init__(self, cfg, kind: str, backend, encoder, sampling: Sampling, timer: dict | None = None):
+        self.cfg = cfg
+        self.kind = kind
+        self.backend = backend
+        self.encoder = encoder
+        self.sampling = sampling
+        self.timer = timer if timer is not None else defaultdict(float)
+
+    def generate(self, pending: list[tuple[Episode, Call]]) -> None:
+        """Fill in every call's completion, one backend call per policy."""
+        t0 = time.perf_counter()
+        by_policy: dict[str, list[Call]] = defaultdict(list)
+        for episode, call in pending:
+            episode.calls.append(call)
+            call.prompt_ids = self.encoder(call.messages)
+            by_policy[self.cfg.policy_of(call.role)].append(call)
+        for policy, calls in by_policy.items():
+            outs = self.backend.generate(policy, [c.prompt_ids for c in calls], self.sampling)
+            texts = self.encoder.tok.batch_decode(outs, skip_special_tokens=True)
+            for call, ids, text in zip(calls, outs, texts):
+                call.completion_ids, call.text = ids, text.strip()
+        self.timer["generate"] += time.perf_counter() - t0
+
+
+def _workflows():
+    from marlflow.workflows import eval_opt, orch_workers, single, voting
+
+    return {"single": single.run, "eval_opt": eval_opt.run, "voting": voting.run, "orch_workers": orch_workers.run}
+
+
+def rollout(cfg, task, problems: list[Problem], ctx: Context, group_size: int) -> list[Episode]:
+    """Run `group_size` episodes of the workflow per problem, score them, and return them.
+
+    Episodes are ordered problem-major: episode i belongs to problems[i // group_size]."""
+    episodes = [Episode(problem=p, rollout=g) for p in problems for g in range(group_size)]
+    _workflows()[cfg.workflow](episodes, ctx)
+    t0 = time.perf_counter()
+    rewards = task.score([e.problem for e in episodes], [e.final for e in episodes])
+    for e, r in zip(episodes, rewards):
+        e.reward = float(r)
+    ctx.timer["score"] += time.perf_counter() - t0
+    return episodes

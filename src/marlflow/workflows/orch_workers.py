@@ -1,0 +1,50 @@
+"""Orch-Workers: an orchestrator proposes strategies, workers solve with one each, a synthesizer answers.
+
+The orchestrator's `STRATEGY k: ...` lines are parsed and cut to `cfg.n_workers` (paper: 3); each worker
+solves the whole problem with its strategy; the synthesizer sees all worker solutions and its output is
+the final answer. No parseable strategy line is a format failure; the fallback is one worker with the
+generic strategy "solve it directly".
+"""
+
+import re
+
+from marlflow.workflows import Call, prompts
+
+FALLBACK_STRATEGY = "solve it directly"
+
+
+def parse_strategies(text: str, n: int) -> tuple[list[str], bool]:
+    found = [s.strip() for s in re.findall(r"STRATEGY\s*\d+\s*:\s*(.+)", text) if s.strip()]
+    if not found:
+        return [FALLBACK_STRATEGY], False
+    return found[:n], True
+
+
+def run(episodes, ctx) -> None:
+    n = ctx.cfg.n_workers
+    orch = [
+        (e, Call("orchestrator0", "orchestrator", prompts.orchestrate(ctx.kind, e.problem.prompt, n)))
+        for e in episodes
+    ]
+    ctx.generate(orch)
+    workers = []
+    for e, c in orch:
+        strategies, ok = parse_strategies(c.text, n)
+        c.format_failure = not ok
+        e.info["strategies"] = strategies
+        workers += [
+            (e, Call(f"worker{k}", "worker", prompts.work(ctx.kind, e.problem.prompt, s)))
+            for k, s in enumerate(strategies)
+        ]
+    ctx.generate(workers)
+    sols = {id(e): [] for e in episodes}
+    for e, c in workers:
+        sols[id(e)].append(c.text)
+    synth = [
+        (e, Call("synthesizer0", "synthesizer", prompts.synthesize(ctx.kind, e.problem.prompt, sols[id(e)])))
+        for e in episodes
+    ]
+    ctx.generate(synth)
+    for e, c in synth:
+        e.final = c.text
+        e.info["candidates"] = sols[id(e)]

@@ -1,6 +1,5 @@
 # The run sheet (one row per training run) and helpers shared by all rules.
 import json
-import os
 import sys
 import re
 
@@ -18,7 +17,7 @@ def _load_sheet():
         # Same one-paragraph message and exit code as `python -m marlflow.matrix`, no traceback.
         print(f"error: {err}", file=sys.stderr)
         sys.stderr.flush()
-        os._exit(2)
+        sys.exit(2)
 
 
 SHEET = _load_sheet()

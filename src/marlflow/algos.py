@@ -25,7 +25,9 @@ def group_ids(keys: Sequence[tuple]) -> tuple[torch.Tensor, list[tuple]]:
     return torch.tensor(index, dtype=torch.long), list(seen)
 
 
-def check_groups(index: torch.Tensor, problems: Sequence[str], roles: Sequence[str], tasks: Sequence[str]) -> None:
+def check_groups(
+    index: torch.Tensor, problems: Sequence[str], roles: Sequence[str], tasks: Sequence[str]
+) -> None:
     """Raise GroupingError if any group holds more than one problem uid, role type or task."""
     members: dict[int, tuple[str, str, str]] = {}
     for i, g in enumerate(index.tolist()):
@@ -56,7 +58,8 @@ def group_advantages(
     var = torch.zeros(k).index_add_(0, index, dev**2) / (count - 1).clamp(min=1)
     std = var.sqrt()
     adv = dev if scale == "none" else dev / (std[index] + eps)
-    return torch.where(count[index] > 1, adv, torch.zeros_like(adv)), std
+    informative = (count[index] > 1) & (std[index] > 0)
+    return torch.where(informative, adv, torch.zeros_like(adv)), std
 
 
 def role_loss_weight(loss_type: str, n_role: int, n_policy: int, tok_role: int, tok_policy: int) -> float:

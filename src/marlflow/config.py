@@ -111,7 +111,9 @@ class GRPOParams:
 
     def __post_init__(self):
         _check(self.steps >= 1, f"grpo.steps must be >= 1, got {self.steps}")
-        _check(self.problems_per_step >= 1, f"grpo.problems_per_step must be >= 1, got {self.problems_per_step}")
+        _check(
+            self.problems_per_step >= 1, f"grpo.problems_per_step must be >= 1, got {self.problems_per_step}"
+        )
         _check(
             self.group_size >= 2,
             f"grpo.group_size is {self.group_size}; GRPO normalises rewards within a group, so it needs at "
@@ -130,7 +132,10 @@ class GRPOParams:
         _check(self.save_every >= 0, "grpo.save_every must be >= 0")
         _check(self.lora_r >= 1 and self.lora_alpha >= 1, "grpo.lora_r and grpo.lora_alpha must be >= 1")
         _check(self.max_grad_norm > 0, "grpo.max_grad_norm must be > 0")
-        _check(self.epsilon > 0 and self.epsilon_high >= self.epsilon, "need 0 < grpo.epsilon <= grpo.epsilon_high")
+        _check(
+            self.epsilon > 0 and self.epsilon_high >= self.epsilon,
+            "need 0 < grpo.epsilon <= grpo.epsilon_high",
+        )
         _check(self.max_nan_steps >= 1, "grpo.max_nan_steps must be >= 1")
 
 
@@ -170,7 +175,9 @@ class RunConfig:
     keep_checkpoints: int = 0
 
     def __post_init__(self):
-        _check(self.workflow in WORKFLOWS, f"workflow {self.workflow!r} is unknown; choose one of {WORKFLOWS}")
+        _check(
+            self.workflow in WORKFLOWS, f"workflow {self.workflow!r} is unknown; choose one of {WORKFLOWS}"
+        )
         _check(self.sharing in SHARINGS, f"sharing {self.sharing!r} is unknown; choose one of {SHARINGS}")
         _check(
             not (self.workflow == "single" and self.sharing == "ip"),
@@ -180,7 +187,10 @@ class RunConfig:
         _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
         _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
         _check(self.device in ("cpu", "cuda", "auto"), f"device {self.device!r}: use cpu, cuda or auto")
-        _check(self.intervention in INTERVENTIONS, f"intervention {self.intervention!r}: use one of {INTERVENTIONS}")
+        _check(
+            self.intervention in INTERVENTIONS,
+            f"intervention {self.intervention!r}: use one of {INTERVENTIONS}",
+        )
         _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = whole role sub-batch)")
         _check(self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0 = keep all)")
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")

@@ -26,6 +26,9 @@ import pyarrow as pa
 FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
 METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
 SPLITS = ("train", "eval")
+# samples.parquet: a few full eval episodes per evaluation, one row per role call.
+SAMPLE_COLUMNS = [*FACTOR_COLUMNS, "step", "episode", "uid", "slot", "role", "prompt", "output", "reward",
+                  "format_failure"]  # fmt: skip
 
 SCHEMA = pa.schema(
     [
@@ -52,9 +55,14 @@ def _atomic_path(path: Path):
     return Path(tmp)
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _commit(tmp: Path, path: Path) -> None:
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are ordinary files
     os.replace(tmp, path)
 
 
@@ -117,11 +125,15 @@ def write_metrics(df: pd.DataFrame, path: str | os.PathLike) -> None:
 def read_metrics(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     frames = [pd.read_parquet(p) for p in paths]
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=f.type.to_pandas_dtype()) for c, f in zip(METRIC_COLUMNS, SCHEMA)})
+        return pd.DataFrame(
+            {c: pd.Series(dtype=f.type.to_pandas_dtype()) for c, f in zip(METRIC_COLUMNS, SCHEMA)}
+        )
     return validate_metrics(pd.concat(frames, ignore_index=True))
 
 
-def rows(factors: Mapping[str, object], step: int, split: str, role: str, values: Mapping[str, float]) -> list[dict]:
+def rows(
+    factors: Mapping[str, object], step: int, split: str, role: str, values: Mapping[str, float]
+) -> list[dict]:
     """Long-format rows for one (step, split, role): one row per metric name."""
     base = {c: factors[c] for c in FACTOR_COLUMNS}
     return [

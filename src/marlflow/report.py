@@ -87,7 +87,10 @@ def render_html(tables: dict[str, object], figures: dict[str, bytes]) -> str:
 
 
 def make_report(
-    tables_dir: str | os.PathLike, runs: Sequence[str | os.PathLike], figures_dir: str | os.PathLike, html_path
+    tables_dir: str | os.PathLike,
+    runs: Sequence[str | os.PathLike],
+    figures_dir: str | os.PathLike,
+    html_path: str | os.PathLike,
 ) -> dict[str, Path]:
     """Write the three figures and the HTML page; return {name: path}."""
     tables = read_tables(tables_dir)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pandas as pd
 import torch
 
 from marlflow.config import ConfigError, RunConfig
-from marlflow.metrics import atomic_write_json, write_metrics
+from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.tasks import get_task
 
 
@@ -32,7 +31,9 @@ def attach_adapters(cfg: RunConfig, base):
     from peft import LoraConfig, get_peft_model
 
     g = cfg.grpo
-    targets = g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
+    targets = (
+        g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
+    )
     lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
                       task_type="CAUSAL_LM")  # fmt: skip
     torch.manual_seed(cfg.seed)
@@ -58,9 +59,7 @@ def run(cfg: RunConfig, out_dir: Path) -> pd.DataFrame:
     trainer = build_trainer(cfg, out_dir)
     metrics = trainer.fit()
     write_metrics(metrics, out_dir / "metrics.parquet")
-    samples = pd.DataFrame(trainer.sample_rows)
-    samples.to_parquet(out_dir / ".samples.parquet.tmp", index=False)
-    os.replace(out_dir / ".samples.parquet.tmp", out_dir / "samples.parquet")
+    atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")
     acc = metrics[(metrics.split == "eval") & (metrics.role == "all") & (metrics.metric == "accuracy")]
     atomic_write_json(out_dir / "DONE", {"run_id": cfg.run_id, "steps": trainer.step,
                                          "final_accuracy": float(acc.value.iloc[-1])})  # fmt: skip

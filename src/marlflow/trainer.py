@@ -39,15 +39,10 @@ from trl.trainer.utils import pad
 
 from marlflow import algos
 from marlflow.generation import ChatEncoder, Sampling, make_backend
-from marlflow.metrics import atomic_write_json, rows, write_metrics
+from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, rows, write_metrics
 from marlflow.workflows import Context, rollout
 
 log = logging.getLogger("marlflow.trainer")
-
-SAMPLE_COLUMNS = [
-    "run_id", "workflow", "sharing", "scale", "task", "seed", "intervention",
-    "step", "episode", "uid", "slot", "role", "prompt", "output", "reward", "format_failure",
-]  # fmt: skip
 
 
 class NaNLossError(RuntimeError):
@@ -108,10 +103,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.eval_problems = task.load("test", cfg.task)[: cfg.task.eval_size]
         for name, probs in (("train", self.train_problems), ("test", self.eval_problems)):
             if not probs:
-                raise ValueError(f"task {cfg.task.name!r} has an empty {name} split; check task.source in matrix.yaml")
+                raise ValueError(
+                    f"task {cfg.task.name!r} has an empty {name} split; check task.source in matrix.yaml"
+                )
         self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
-        self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies}
+        self.params = {
+            p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies
+        }
         g = cfg.grpo
         self.optimizers, self.schedulers = {}, {}
         for p, params in self.params.items():
@@ -149,7 +148,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 rewards.append(e.reward)  # final-outcome credit: every role call gets the episode reward
         index, _ = algos.group_ids(keys)
         algos.check_groups(
-            index, [k[0] for k in keys], [c.role for c in calls], [e.problem.task for e in episodes for _ in e.calls]
+            index,
+            [k[0] for k in keys],
+            [c.role for c in calls],
+            [e.problem.task for e in episodes for _ in e.calls],
         )
         r = torch.tensor(rewards, dtype=torch.float32)
         adv, std = algos.group_advantages(r, index)
@@ -165,7 +167,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             "prompt_mask": pad([torch.ones_like(p) for p in prompts], 0, padding_side="left").to(device),
             "completion_ids": pad(comps, self.processing_class.pad_token_id, padding_side="right").to(device),
             "completion_mask": pad(
-                [torch.ones_like(c) if k.completion_ids else torch.zeros_like(c) for c, k in zip(comps, calls)],
+                [
+                    torch.ones_like(c) if k.completion_ids else torch.zeros_like(c)
+                    for c, k in zip(comps, calls)
+                ],
                 0,
                 padding_side="right",
             ).to(device),
@@ -174,7 +179,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         }
 
     def _flat_grad(self, params) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params])
+        return torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params]
+        )
 
     def update(self, calls, adv: torch.Tensor) -> dict:
         """Per-policy backward with per-role gradient accounting, per-policy clipping; optimizer steps.
@@ -258,7 +265,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         t_backward = time.perf_counter() - t1
         if stats["all"]["nan_skipped"]:
             self.nan_streak += 1
-            log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, self.nan_streak)
+            log.warning(
+                "step %d: non-finite loss or gradient; step skipped (%d in a row)", step, self.nan_streak
+            )
             if self.nan_streak >= self.cfg.grpo.max_nan_steps:
                 raise NaNLossError(
                     f"{self.nan_streak} consecutive steps had a non-finite loss or gradient (last: step {step}); "
@@ -383,7 +392,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             {
                 "step": self.step,
                 "nan_streak": self.nan_streak,
-                "adapters": {p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies},
+                "adapters": {
+                    p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies
+                },
                 "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
                 "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
                 "rng": {
@@ -396,7 +407,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             tmp / "state.pt",
         )
         write_metrics(pd.DataFrame(self.metric_rows), tmp / "metrics.parquet")
-        pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS).to_parquet(tmp / "samples.parquet", index=False)
+        atomic_write_parquet(self.samples_frame(), tmp / "samples.parquet")
         atomic_write_json(tmp / "COMPLETE", {"step": self.step})
         if final.exists():
             shutil.rmtree(final)
@@ -406,6 +417,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for old in self._checkpoints()[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def samples_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS)
 
     def restore(self) -> bool:
         """Load the newest complete checkpoint, if any; each adapter goes back to its own policy."""

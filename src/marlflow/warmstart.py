@@ -107,7 +107,9 @@ def _synthesis(kind: str, sols: list[str], ok: list[bool], gold: str) -> str:
     return next(s for s, c in zip(sols, ok) if c) if sum(ok) >= 2 else gold
 
 
-def build_examples(task, problems: list, n: int, rng: random.Random, mix: dict | None = None) -> list[Example]:
+def build_examples(
+    task, problems: list, n: int, rng: random.Random, mix: dict | None = None
+) -> list[Example]:
     """`n` examples of `task`, roles drawn by `mix` (default ROLE_MIX), problems drawn from `problems`."""
     mix = mix or ROLE_MIX
     roles = rng.choices(list(mix), weights=list(mix.values()), k=n)
@@ -129,9 +131,14 @@ def score_outputs(task, examples: list[Example], outputs: list[str]) -> list[flo
     role = examples[0].role
     if role == "evaluator":
         verdicts = [(last_boxed(o) or "").strip() for o in outputs]
-        return [float(v == ("Correct" if e.meta["truth"] else "Incorrect")) for e, v in zip(examples, verdicts)]
+        return [
+            float(v == ("Correct" if e.meta["truth"] else "Incorrect")) for e, v in zip(examples, verdicts)
+        ]
     if role == "aggregator":
-        return [float((last_boxed(o) or "").strip() in map(str, e.meta["good"])) for e, o in zip(examples, outputs)]
+        return [
+            float((last_boxed(o) or "").strip() in map(str, e.meta["good"]))
+            for e, o in zip(examples, outputs)
+        ]
     if role == "orchestrator":
         return [float(any(s.strip() in task.strategies for _, s in _STRATEGY_RE.findall(o))) for o in outputs]
     try:

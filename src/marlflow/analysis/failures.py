@@ -48,7 +48,9 @@ def capture_from_metrics(role_evals: pd.DataFrame, workflow: str) -> list[str]:
     length = _first_last(s, "completion_length")
     if length is not None:
         first, last, s0, s1 = length
-        p = role_evals[(role_evals["role"] == prod) & (role_evals["step"] == s1)]["completion_length"].dropna()
+        p = role_evals[(role_evals["role"] == prod) & (role_evals["step"] == s1)][
+            "completion_length"
+        ].dropna()
         prod_last = float(p.iloc[0]) if len(p) else math.nan
         if (
             s1 > s0
@@ -150,7 +152,9 @@ def failure_signatures(
     for row in summary.sort_values("run_id").to_dict("records"):
         rid = row["run_id"]
         records.append(
-            run_signatures(row, roles_by_run.get(rid, roles.iloc[0:0]), samples_by_run.get(rid, pd.DataFrame()))
+            run_signatures(
+                row, roles_by_run.get(rid, roles.iloc[0:0]), samples_by_run.get(rid, pd.DataFrame())
+            )
         )
     out = pd.DataFrame.from_records(records, columns=FAILURE_COLUMNS)
     for c in ("cliff", "collapse", "stagnation"):

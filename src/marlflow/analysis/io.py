@@ -14,20 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, read_metrics
+from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics
 
-SAMPLE_COLUMNS = [
-    *FACTOR_COLUMNS,
-    "step",
-    "episode",
-    "uid",
-    "slot",
-    "role",
-    "prompt",
-    "output",
-    "reward",
-    "format_failure",
-]
 METRIC_KEY = ["run_id", "step", "split", "role", "metric"]
 
 
@@ -58,7 +46,9 @@ def check_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
     factors = metrics[FACTOR_COLUMNS].drop_duplicates()
     dup = factors["run_id"][factors["run_id"].duplicated()]
     if len(dup):
-        raise ValueError(f"run(s) {sorted(set(dup))} have rows with different factor values {FACTOR_COLUMNS[1:]}")
+        raise ValueError(
+            f"run(s) {sorted(set(dup))} have rows with different factor values {FACTOR_COLUMNS[1:]}"
+        )
     out = metrics.drop_duplicates(METRIC_KEY, keep="last")
     return out.sort_values(METRIC_KEY, kind="stable").reset_index(drop=True)[METRIC_COLUMNS]
 
@@ -93,7 +83,9 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.Data
     metrics = check_metrics(pd.concat(frames, ignore_index=True))
     if sample_frames:
         samples = pd.concat(sample_frames, ignore_index=True)
-        samples = samples.sort_values(["run_id", "step", "episode", "slot"], kind="stable").reset_index(drop=True)
+        samples = samples.sort_values(["run_id", "step", "episode", "slot"], kind="stable").reset_index(
+            drop=True
+        )
     else:
         samples = empty_samples()
     return metrics, samples

@@ -34,7 +34,7 @@ ROLE_COLOURS = {
     "aggregator": "#9467bd",
     "orchestrator": "#8c564b",
     "worker": "#17becf",
-    "synthesizer": "#e377c2",
+    "synthesizer": "#bcbd22",
 }
 
 
@@ -67,7 +67,7 @@ def plot_curves(metrics: pd.DataFrame) -> Figure:
             ax.set_xlabel("step")
             ax.set_ylabel("eval accuracy")
             panel = curves[(curves["workflow"] == w) & (curves["task"] == t)]
-            for rid, c in panel.groupby("run_id", sort=True):
+            for _, c in panel.groupby("run_id", sort=True):
                 c = c.sort_values("step")
                 col = colour(w, c["sharing"].iloc[0])
                 ax.plot(c["step"], c["accuracy"], color=col, marker=marker[c["scale"].iloc[0]], ms=3, lw=1.2)

@@ -71,7 +71,9 @@ def _math_terms(prompt: str) -> list[int]:
     return [int(t) for t in re.findall(r"[+-]?\d+", prompt)]
 
 
-def math_solution(prompt: str, strategy: str = MATH_STRATEGIES[0], error_at: int | None = None, delta: int = 1):
+def math_solution(
+    prompt: str, strategy: str = MATH_STRATEGIES[0], error_at: int | None = None, delta: int = 1
+):
     """Gold (or deliberately wrong, if `error_at` is set) worked solution in the toy format."""
     terms = _math_terms(prompt)
     if strategy == "add then subtract":
@@ -133,9 +135,13 @@ def _code_ops(prompt: str) -> list[tuple[str, int]]:
     return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(add|subtract|multiply by) (\d+)", prompt)]
 
 
-def code_solution(prompt: str, strategy: str = CODE_STRATEGIES[0], error_at: int | None = None, delta: int = 1):
+def code_solution(
+    prompt: str, strategy: str = CODE_STRATEGIES[0], error_at: int | None = None, delta: int = 1
+):
     """Gold (or wrong, if `error_at` is set: that step's constant is off by `delta`) function text."""
-    ops = [(_CODE_OPS[op], k + (delta if i == error_at else 0)) for i, (op, k) in enumerate(_code_ops(prompt))]
+    ops = [
+        (_CODE_OPS[op], k + (delta if i == error_at else 0)) for i, (op, k) in enumerate(_code_ops(prompt))
+    ]
     if strategy == "step by step":
         body = "; ".join(f"x = x {s} {k}" for s, k in ops[:-1])
         last = f"return x {ops[-1][0]} {ops[-1][1]}"

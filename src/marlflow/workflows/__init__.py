@@ -77,7 +77,12 @@ class Context:
 def _workflows():
     from marlflow.workflows import eval_opt, orch_workers, single, voting
 
-    return {"single": single.run, "eval_opt": eval_opt.run, "voting": voting.run, "orch_workers": orch_workers.run}
+    return {
+        "single": single.run,
+        "eval_opt": eval_opt.run,
+        "voting": voting.run,
+        "orch_workers": orch_workers.run,
+    }
 
 
 def rollout(cfg, task, problems: list[Problem], ctx: Context, group_size: int) -> list[Episode]:

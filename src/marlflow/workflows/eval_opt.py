@@ -31,7 +31,12 @@ def run(episodes, ctx) -> None:
             e.info["rounds"] = k + 1
             history[id(e)] = [*history[id(e)], {"role": "assistant", "content": c.text}]
         judge = [
-            (e, Call(f"evaluator{k}", "evaluator", prompts.evaluate(ctx.kind, e.problem.prompt, history[id(e)])))
+            (
+                e,
+                Call(
+                    f"evaluator{k}", "evaluator", prompts.evaluate(ctx.kind, e.problem.prompt, history[id(e)])
+                ),
+            )
             for e in active
         ]
         ctx.generate(judge)

@@ -72,7 +72,9 @@ def orchestrate(kind: str, problem: str, n: int) -> list[dict]:
 
 def work(kind: str, problem: str, strategy: str) -> list[dict]:
     """Worker: solves the whole problem with one assigned strategy."""
-    return [_msg("user", f"Solve the problem with the strategy: {strategy}. {_ANSWER[kind]}\nProblem: {problem}")]
+    return [
+        _msg("user", f"Solve the problem with the strategy: {strategy}. {_ANSWER[kind]}\nProblem: {problem}")
+    ]
 
 
 def synthesize(kind: str, problem: str, solutions: list[str]) -> list[dict]:

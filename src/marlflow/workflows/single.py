@@ -4,7 +4,9 @@ from marlflow.workflows import Call, prompts
 
 
 def run(episodes, ctx) -> None:
-    calls = [(e, Call("generator0", "generator", prompts.solve(ctx.kind, e.problem.prompt))) for e in episodes]
+    calls = [
+        (e, Call("generator0", "generator", prompts.solve(ctx.kind, e.problem.prompt))) for e in episodes
+    ]
     ctx.generate(calls)
     for e, c in calls:
         e.final = c.text

@@ -1,0 +1,336 @@
+"""Tests for marlflow.analysis and the aggregate CLI on synthetic runs with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from marlflow import aggregate
+from marlflow.analysis import (
+    FAILURE_COLUMNS,
+    GRAD_COLUMNS,
+    SUMMARY_COLUMNS,
+    eval_curves,
+    failure_signatures,
+    grad_dynamics,
+    load_runs,
+    markdown_table,
+    peak_terminal_latex,
+    peak_terminal_table,
+    summarize_runs,
+    threshold,
+)
+from marlflow.analysis.io import SAMPLE_COLUMNS
+from marlflow.analysis.plots import plot_curves, plot_grad_norm, plot_role_share, png_bytes
+from marlflow.metrics import METRIC_COLUMNS, atomic_write_parquet, rows, write_metrics
+
+
+def factors(run_id: str) -> dict:
+    workflow, sharing, scale, task, seed = run_id.split("-")
+    return dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task,
+                seed=int(seed[1:]), intervention="none")  # fmt: skip
+
+
+def eval_rows(run_id: str, steps, acc, n_eval=100, se=None) -> list[dict]:
+    out = []
+    for i, (s, a) in enumerate(zip(steps, acc)):
+        vals = {"accuracy": a, "n_eval": n_eval}
+        if se is not None:
+            vals["accuracy_se"] = se
+        out += rows(factors(run_id), s, "eval", "all", vals)
+        out += rows(factors(run_id), s, "train", "all", {"reward_mean": a, "loss": 0.1 * i})
+    return out
+
+
+def role_eval_rows(run_id: str, step: int, role: str, **vals) -> list[dict]:
+    return rows(factors(run_id), step, "eval", role, vals)
+
+
+def train_role_rows(run_id: str, role: str, norms, shares, start: int = 1) -> list[dict]:
+    out = []
+    for k, (n, s) in enumerate(zip(norms, shares)):
+        out += rows(
+            factors(run_id), start + k, "train", role, {"grad_norm": n, "grad_share": s, "samples": 8}
+        )
+    return out
+
+
+CLIFF = "voting-ip-toy-math-s0"
+MONO = "eval_opt-sp-toy-math-s0"
+COLLAPSE = "orch_workers-sp-toy-code-s0"
+CAPTURE = "voting-sp-toy-math-s0"
+SAMPLE_CAPTURE = "eval_opt-ip-toy-code-s0"
+SINGLE = "single-sp-toy-math-s0"
+GRADS = "voting-ip-toy-code-s1"
+
+
+def build_runs() -> dict[str, pd.DataFrame]:
+    """run_id -> metrics DataFrame, covering each signature."""
+    s5 = [0, 10, 20, 30, 40]
+    runs = {
+        CLIFF: eval_rows(CLIFF, s5, [0.40, 0.60, 0.70, 0.55, 0.50]),
+        MONO: eval_rows(MONO, s5, [0.30, 0.35, 0.40, 0.45, 0.50], se=0.02),
+        COLLAPSE: eval_rows(COLLAPSE, [0, 10, 20, 30], [0.50, 0.45, 0.30, 0.20], se=0.03),
+        CAPTURE: eval_rows(CAPTURE, [0, 10, 20], [0.50, 0.52, 0.50])
+        + role_eval_rows(CAPTURE, 0, "aggregator", completion_length=10.0, format_failure_rate=0.0)
+        + role_eval_rows(CAPTURE, 20, "aggregator", completion_length=30.0, format_failure_rate=0.1)
+        + role_eval_rows(CAPTURE, 0, "generator", completion_length=60.0)
+        + role_eval_rows(CAPTURE, 20, "generator", completion_length=50.0),
+        SAMPLE_CAPTURE: eval_rows(SAMPLE_CAPTURE, [0, 20], [0.30, 0.45], se=0.01),
+        SINGLE: eval_rows(SINGLE, [0, 10, 20], [0.40, 0.50, 0.50]),
+        GRADS: eval_rows(GRADS, [0, 2, 4, 6], [0.40, 0.50, 0.50, 0.40])
+        + train_role_rows(GRADS, "generator", [1, 2, 3, 4, 5, 6], [0.5, 0.5, 0.6, 0.7, 0.8, 0.8])
+        + train_role_rows(GRADS, "aggregator", [0.5] * 6, [0.5, 0.5, 0.4, 0.3, 0.2, 0.2]),
+    }
+    return {k: pd.DataFrame(v) for k, v in runs.items()}
+
+
+def build_samples() -> pd.DataFrame:
+    outs = [(0, "The solution is incorrect."), (0, "Correct."), (20, "```python\nprint(1)\n```"),
+            (20, "so \\boxed{3}"), (20, "Correct.")]  # fmt: skip
+    recs = []
+    for ep, (step, text) in enumerate(outs):
+        recs.append({**factors(SAMPLE_CAPTURE), "step": step, "episode": ep, "uid": f"p{ep}", "slot": "evaluator0",
+                     "role": "evaluator", "prompt": "judge", "output": text, "reward": 0.0,
+                     "format_failure": False})  # fmt: skip
+    return pd.DataFrame(recs, columns=SAMPLE_COLUMNS)
+
+
+@pytest.fixture
+def metrics() -> pd.DataFrame:
+    from marlflow.analysis.io import check_metrics
+    from marlflow.metrics import validate_metrics
+
+    return check_metrics(validate_metrics(pd.concat(build_runs().values(), ignore_index=True)))
+
+
+def write_runs(root, runs=None, samples=True) -> list[str]:
+    paths = []
+    for rid, df in sorted((runs or build_runs()).items()):
+        p = root / "runs" / rid / "metrics.parquet"
+        write_metrics(df, p)
+        paths.append(str(p))
+    if samples:
+        atomic_write_parquet(build_samples(), root / "runs" / SAMPLE_CAPTURE / "samples.parquet")
+    return paths
+
+
+def by_run(df: pd.DataFrame) -> dict[str, dict]:
+    return {r["run_id"]: r for r in df.to_dict("records")}
+
+
+def test_threshold():
+    assert threshold(0.01) == 0.05
+    assert threshold(0.04) == pytest.approx(0.08)
+    assert threshold(math.nan) == 0.05
+
+
+def test_eval_curves_only_workflow_accuracy(metrics):
+    c = eval_curves(metrics)
+    assert set(c["run_id"]) == set(build_runs())
+    assert len(c[c["run_id"] == CLIFF]) == 5
+    assert c[c["run_id"] == MONO]["accuracy_se"].tolist() == [0.02] * 5
+
+
+def test_summary_numbers(metrics):
+    s = summarize_runs(metrics)
+    assert list(s.columns) == SUMMARY_COLUMNS
+    assert list(s["run_id"]) == sorted(build_runs())
+    r = by_run(s)
+    c = r[CLIFF]
+    assert (c["base"], c["peak"], c["peak_step"], c["terminal"]) == (0.40, 0.70, 20, 0.50)
+    assert c["terminal_mean3"] == pytest.approx((0.70 + 0.55 + 0.50) / 3)
+    assert c["gain_peak"] == pytest.approx(0.30) and c["gain_terminal"] == pytest.approx(0.10)
+    assert c["se"] == pytest.approx(math.sqrt(0.7 * 0.3 / 100))
+    assert c["cliff"] and c["n_evals"] == 5
+    m = r[MONO]
+    assert (m["peak"], m["peak_step"], m["se"], m["cliff"]) == (0.50, 40, 0.02, False)
+    # peak_step is the first step reaching the max (0.50 at 0, again nowhere higher)
+    assert r[COLLAPSE]["peak_step"] == 0 and r[COLLAPSE]["cliff"]
+    assert r[SINGLE]["peak_step"] == 10 and not r[SINGLE]["cliff"]
+
+
+def test_cliff_boundary_uses_tolerance():
+    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.50], se=0.01))
+    s = summarize_runs(df).iloc[0]
+    assert 0.55 - 0.50 != 0.05 and bool(s["cliff"])  # 0.04999... still counts as 5 points
+    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.51], se=0.01))
+    assert not bool(summarize_runs(df).iloc[0]["cliff"])
+
+
+def test_run_without_eval_or_base():
+    df = pd.DataFrame(rows(factors("voting-ip-toy-math-s3"), 1, "train", "all", {"loss": 1.0}))
+    df = pd.concat([df, pd.DataFrame(eval_rows("voting-ip-toy-math-s4", [10, 20], [0.5, 0.3]))])
+    s = by_run(summarize_runs(df))
+    assert s["voting-ip-toy-math-s3"]["n_evals"] == 0 and math.isnan(s["voting-ip-toy-math-s3"]["peak"])
+    assert math.isnan(s["voting-ip-toy-math-s4"]["base"]) and s["voting-ip-toy-math-s4"]["cliff"]
+    f = by_run(failure_signatures(df, summarize_runs(df)))
+    assert f["voting-ip-toy-math-s3"]["evidence"] == "no eval accuracy"
+    assert "no step-0 eval" in f["voting-ip-toy-math-s4"]["evidence"]
+    assert not f["voting-ip-toy-math-s4"]["collapse"]
+
+
+def test_failure_signatures(metrics):
+    f = failure_signatures(metrics, summarize_runs(metrics), build_samples())
+    assert list(f.columns) == FAILURE_COLUMNS
+    flags = {
+        r["run_id"]: (r["cliff"], r["collapse"], r["stagnation"], r["capture"]) for r in by_run(f).values()
+    }
+    assert flags == {
+        CLIFF: (True, False, False, False),
+        MONO: (False, False, False, False),
+        COLLAPSE: (True, True, True, False),
+        CAPTURE: (False, False, True, True),
+        SAMPLE_CAPTURE: (False, False, False, True),
+        SINGLE: (False, False, False, False),
+        GRADS: (True, False, False, False),
+    }
+    ev = by_run(f)
+    assert ev[CLIFF]["evidence"] == "cliff: peak 0.700 at step 20, terminal 0.500 (drop 0.200 >= 0.092)"
+    assert ev[COLLAPSE]["evidence"].split("; ")[1] == "collapse: terminal 0.200 < base 0.500 - 0.060"
+    assert "aggregator completion_length 10.0 -> 30.0" in ev[CAPTURE]["evidence"]
+    assert "evaluator outputs with ```/\\boxed{ 0/2 -> 2/3 (steps 0 -> 20)" in ev[SAMPLE_CAPTURE]["evidence"]
+    assert ev[MONO]["evidence"] == ""
+    # without samples the samples-only capture disappears
+    f2 = by_run(failure_signatures(metrics, summarize_runs(metrics), None))
+    assert not f2[SAMPLE_CAPTURE]["capture"]
+
+
+def test_capture_by_format_and_not_by_short_aggregator():
+    base = eval_rows(CAPTURE, [0, 10], [0.5, 0.7])
+    fmt = base + role_eval_rows(CAPTURE, 0, "aggregator", format_failure_rate=0.05)
+    fmt += role_eval_rows(CAPTURE, 10, "aggregator", format_failure_rate=0.25)
+    df = pd.DataFrame(fmt)
+    r = failure_signatures(df, summarize_runs(df)).iloc[0]
+    assert r["capture"] and "format_failure_rate 0.05 -> 0.25" in r["evidence"]
+    # doubled but still far shorter than the generator: no capture
+    ln = base + role_eval_rows(CAPTURE, 0, "aggregator", completion_length=5.0)
+    ln += role_eval_rows(CAPTURE, 10, "aggregator", completion_length=10.0)
+    ln += role_eval_rows(CAPTURE, 10, "generator", completion_length=100.0)
+    df = pd.DataFrame(ln)
+    assert not failure_signatures(df, summarize_runs(df)).iloc[0]["capture"]
+
+
+def test_grad_dynamics(metrics):
+    g = grad_dynamics(metrics)
+    assert list(g.columns) == GRAD_COLUMNS
+    assert list(zip(g["run_id"], g["role"])) == [(GRADS, "aggregator"), (GRADS, "generator")]
+    gen, agg = g.iloc[1], g.iloc[0]
+    assert gen["n_steps"] == 6 and gen["grad_norm_mean"] == 3.5 and gen["grad_norm_max"] == 6
+    assert gen["grad_share_early"] == 0.5 and gen["grad_share_late"] == pytest.approx(0.8)
+    assert gen["grad_share_shift"] == pytest.approx(0.3)
+    assert gen["norm_ratio"] == agg["norm_ratio"] == pytest.approx(7.0)
+    assert bool(gen["dominant"]) and not bool(agg["dominant"])
+    assert gen["share_drop_corr"] == pytest.approx(1.0) and agg["share_drop_corr"] == pytest.approx(-1.0)
+
+
+def test_peak_terminal_table(metrics):
+    s = summarize_runs(metrics)
+    t = peak_terminal_table(s)
+    assert list(t.index) == [
+        "single-sp",
+        "eval_opt-sp",
+        "eval_opt-ip",
+        "voting-sp",
+        "voting-ip",
+        "orch_workers-sp",
+    ]
+    assert list(t.columns) == [("toy", "math"), ("toy", "code")]
+    assert t.loc["voting-ip", ("toy", "math")] == "70.0 / 50.0 †"
+    assert t.loc["eval_opt-sp", ("toy", "math")] == "50.0 / 50.0"
+    assert t.loc["single-sp", ("toy", "code")] == "–"
+    md = markdown_table(t)
+    assert md.splitlines()[0] == "| workflow-sharing | toy math | toy code |"
+    tex = peak_terminal_latex(t)
+    assert "\\multicolumn{2}{c}{toy}" in tex and "70.0 / 50.0 $^\\dagger$" in tex and "eval\\_opt-sp" in tex
+
+
+def test_seeds_average_and_intervention_row():
+    a = eval_rows("voting-ip-toy-math-s0", [0, 10], [0.4, 0.6])
+    b = eval_rows("voting-ip-toy-math-s1", [0, 10], [0.4, 0.8])
+    c = pd.DataFrame(eval_rows("voting-ip-toy-math-s2", [0, 10], [0.4, 0.5])).assign(
+        run_id="voting-ip-toy-math-s2-kl", intervention="kl"
+    )
+    t = peak_terminal_table(summarize_runs(pd.concat([pd.DataFrame(a), pd.DataFrame(b), c])))
+    assert t.to_dict("index") == {"voting-ip": {("toy", "math"): "70.0 / 70.0"},
+                                  "voting-ip+kl": {("toy", "math"): "50.0 / 50.0"}}  # fmt: skip
+
+
+def test_plots_panels(metrics):
+    fig = plot_curves(metrics)
+    assert len(fig.axes) == 4 * 2  # workflows x tasks present
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["single / math", "single / code"]
+    assert len(plot_grad_norm(metrics).axes) == 1 and len(plot_role_share(metrics).axes) == 1
+    assert png_bytes(fig).startswith(b"\x89PNG\r\n\x1a\n")
+    empty = metrics[metrics["split"] == "train"]
+    assert len(plot_curves(empty).axes) == 1 and len(plot_grad_norm(empty[empty["role"] == "all"]).axes) == 1
+
+
+def test_load_runs_reads_samples_and_dedupes(tmp_path):
+    paths = write_runs(tmp_path)
+    m, s = load_runs(paths)
+    assert list(m.columns) == METRIC_COLUMNS and list(s.columns) == SAMPLE_COLUMNS
+    assert set(s["run_id"]) == {SAMPLE_CAPTURE}
+    dup = pd.concat([build_runs()[MONO], build_runs()[MONO].assign(value=0.9)])
+    write_metrics(dup, tmp_path / "dup" / "metrics.parquet")
+    m, _ = load_runs([tmp_path / "dup" / "metrics.parquet"])
+    assert (m[m["metric"] == "accuracy"]["value"] == 0.9).all() and len(m) == len(build_runs()[MONO])
+
+
+def test_aggregate_cli_end_to_end(tmp_path, capsys):
+    paths = write_runs(tmp_path)
+    assert aggregate.main(["--runs", *paths, "--out", str(tmp_path / "t1")]) == 0
+    assert "aggregated 7 runs" in capsys.readouterr().out
+    for name in aggregate.OUTPUTS:
+        assert (tmp_path / "t1" / name).is_file(), name
+    summary = pd.read_csv(tmp_path / "t1" / "summary.csv")
+    assert list(summary.columns) == SUMMARY_COLUMNS and len(summary) == 7
+    assert list(pd.read_parquet(tmp_path / "t1" / "summary.parquet").columns) == SUMMARY_COLUMNS
+    assert list(pd.read_csv(tmp_path / "t1" / "failures.csv").columns) == FAILURE_COLUMNS
+    assert list(pd.read_csv(tmp_path / "t1" / "grad_dynamics.csv").columns) == GRAD_COLUMNS
+    md = (tmp_path / "t1" / "summary.md").read_text().splitlines()
+    assert md[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |" and len(md) == 2 + 7
+    assert "| voting-ip-toy-math-s0 | voting | ip | toy | math | 0 | none | 0.400 | 0.700 | 20 |" in md[-2]
+    # determinism: a second run (paths in another order) writes identical bytes
+    assert aggregate.main(["--runs", *reversed(paths), "--out", str(tmp_path / "t2")]) == 0
+    for name in aggregate.OUTPUTS:
+        assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes(), name
+    assert not [p for p in (tmp_path / "t1").iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: [], "no runs given"),
+        (lambda root: [str(root / "nope" / "metrics.parquet")], "metrics file not found"),
+        (lambda root: [_bad(root, pd.DataFrame({"step": [1], "value": [0.5]}))], "lacks columns"),
+        (lambda root: [_bad(root, "not parquet")], "not a valid metrics table"),
+        (lambda root: [_bad(root, pd.DataFrame(columns=METRIC_COLUMNS))], "has no rows"),
+        (lambda root: write_runs(root, samples=False)[:1] * 2, "appears in both"),
+        (lambda root: _bad_samples(root), "samples table lacks columns"),
+    ],
+)
+def test_aggregate_cli_errors(tmp_path, capsys, make, message):
+    with pytest.raises(SystemExit) as exc:
+        aggregate.main(["--runs", *make(tmp_path), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _bad(root, content) -> str:
+    p = root / "bad" / "metrics.parquet"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        p.write_text(content)
+    else:
+        content.to_parquet(p)
+    return str(p)
+
+
+def _bad_samples(root) -> list[str]:
+    paths = write_runs(root, samples=False)
+    pd.DataFrame({"run_id": ["x"]}).to_parquet(root / "runs" / CLIFF / "samples.parquet")
+    return paths

@@ -27,6 +27,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def warm_start(model, rows, pad_id: int, steps: int, batch_size: int, lr: float,
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0)))
     )
     model.train()
-    losses = []
+    losses, t0 = [], time.time()
     for step in range(steps):
         ids, mask, labels = _batch([rows[i] for i in batches[step % len(batches)]], pad_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -160,6 +161,9 @@ def warm_start(model, rows, pad_id: int, steps: int, batch_size: int, lr: float,
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if (step + 1) % 100 == 0 or step + 1 == steps:
+            print(f"warm start step {step + 1}/{steps} loss {sum(losses[-100:]) / len(losses[-100:]):.3f} "
+                  f"{time.time() - t0:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
     model.eval()
     return losses
 

@@ -1,0 +1,192 @@
+"""Code tasks (mbpp, humaneval, deepcoder): loaders for hub ids or local files; rewards from the sandbox.
+
+The program is the last fenced Python block of a model output (else the whole output); the reward is
+1.0 only if every test passes in `marlflow.sandbox` (run in parallel through `verify_many`).
+
+- mbpp: google-research-datasets/mbpp (full); task-id splits test 11-510, validation 511-600,
+  train 601-974, prompt 1-10. Tests = test_setup_code + the three asserts; the prompt shows them.
+- humaneval: openai/openai_humaneval (test only). The program is the HumanEval prompt followed by the
+  model's code (a full function or just its body); tests = `test` + `check(entry_point)`.
+- deepcoder: agentica-org/DeepCoder-Preview-Dataset, subset primeintellect; problems without tests are
+  dropped, then shuffle(seed=42) and the first 1,000 are the test split. stdin/stdout tests become
+  sandbox stdio cases (`marlflow.sandbox.stdio_tests`); function-call tests become asserts.
+
+    task = get_task("mbpp"); problems = task.load("test", TaskSpec(name="mbpp", source="data/mbpp/mbpp.jsonl"))
+    task.score(problems, outputs)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from marlflow import sandbox
+from marlflow.tasks import Problem, register
+from marlflow.tasks.math import _cap, _check_split, _nonempty, source_rows, split_records
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(text: str | None) -> str | None:
+    """The last fenced ```python (or untagged) block; else the whole text; None for empty text."""
+    if text is None or not text.strip():
+        return None
+    blocks = _FENCE.findall(text)
+    py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3", "")]
+    if py:
+        return py[-1].rstrip() + "\n"
+    if blocks:  # only other-language blocks: not a Python answer
+        return blocks[-1][1].rstrip() + "\n"
+    return text.strip() + "\n"
+
+
+class _CodeTask:
+    kind = "code"
+    name = ""
+    timeout = 5.0  # seconds per program (per stdio case for deepcoder)
+    memory_mb = 1024
+
+    def extract(self, text: str) -> str | None:
+        return extract_code(text)
+
+    def program(self, problem: Problem, code: str) -> str:
+        return code
+
+    def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
+        if len(problems) != len(outputs):
+            raise ValueError(f"{len(problems)} problems but {len(outputs)} outputs")
+        jobs, idx = [], []
+        for i, (p, out) in enumerate(zip(problems, outputs)):
+            code = self.extract(out)
+            if code is not None:
+                jobs.append((self.program(p, code), p.tests))
+                idx.append(i)
+        rewards = [0.0] * len(problems)
+        for i, r in zip(idx, sandbox.verify_many(jobs, timeout=self.timeout, memory_mb=self.memory_mb)):
+            rewards[i] = 1.0 if r.passed else 0.0
+        return rewards
+
+
+MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+
+
+@register("mbpp")
+class MBPP(_CodeTask):
+    name = "mbpp"
+    hub_id, hub_config = "google-research-datasets/mbpp", "full"
+
+    def load(self, split: str, spec=None) -> list[Problem]:
+        _check_split(split)
+        rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, split)
+        lo, hi = MBPP_SPLITS[split]
+        if not is_split:
+            rows = [r for r in rows if lo <= int(r["task_id"]) <= hi]
+        rows = sorted(rows, key=lambda r: int(r["task_id"]))
+        out = []
+        for r in rows:
+            asserts = list(r["test_list"])
+            setup = (r.get("test_setup_code") or "").strip()
+            tests = (setup + "\n" if setup else "") + "\n".join(asserts) + "\n"
+            text = r.get("text") or r.get("prompt") or ""
+            prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
+            out.append(Problem(f"mbpp/{r['task_id']}", "mbpp", "code", prompt, str(r["code"]), tests=tests,
+                               meta={"task_id": int(r["task_id"])}))  # fmt: skip
+        return _nonempty(_cap(out, spec, split), self.name, split)
+
+
+@register("humaneval")
+class HumanEval(_CodeTask):
+    name = "humaneval"
+    hub_id = "openai/openai_humaneval"
+
+    def load(self, split: str, spec=None) -> list[Problem]:
+        _check_split(split)
+        if split == "train" and not (spec is not None and spec.train_file):
+            raise ValueError("humaneval has only a test split (164 problems); train on mbpp or set task.train_file")
+        rows, _ = source_rows(spec, split, self.hub_id, None, "test")
+        rows = sorted(rows, key=lambda r: int(str(r["task_id"]).split("/")[-1]))
+        out = [
+            Problem(r["task_id"], "humaneval", "code", r["prompt"], r["prompt"] + r["canonical_solution"],
+                    tests=f"{r['test']}\n\ncheck({r['entry_point']})\n", entry_point=r["entry_point"],
+                    meta={"prefix": r["prompt"]})
+            for r in rows
+        ]  # fmt: skip
+        return _nonempty(_cap(out, spec, split), self.name, split)
+
+    def program(self, problem: Problem, code: str) -> str:
+        # The prompt carries imports and helpers that tests use; the model may answer with the whole
+        # function (it replaces the stub) or with only the indented body.
+        first = next((ln for ln in code.splitlines() if ln.strip()), "")
+        prefix = problem.meta.get("prefix", "")
+        return prefix + code if first[:1] in (" ", "\t") else prefix + "\n\n" + code
+
+
+_FN_TESTS = """\
+import json as _json
+_cases = _json.loads({cases!r})
+_fn = Solution().{fn} if "Solution" in globals() and hasattr(Solution, {fn!r}) else {fn}
+def _norm(v):
+    try:
+        return _json.loads(_json.dumps(v))
+    except (TypeError, ValueError):
+        return v
+for _args, _expected in _cases:
+    _got = _norm(_fn(*_args))
+    assert _got == _expected or [_got] == _expected, (_args, _got, _expected)
+"""
+
+
+def deepcoder_tests(raw) -> str:
+    """Sandbox test code for a DeepCoder `tests` field (JSON string or list); "" when it has none."""
+    tests = json.loads(raw) if isinstance(raw, str) else raw
+    if isinstance(tests, dict):  # TACO-style {"inputs": [...], "outputs": [...], "fn_name": ...}
+        fn = tests.get("fn_name")
+        pairs = list(zip(tests.get("inputs", []), tests.get("outputs", [])))
+        tests = [
+            {"type": "function_call" if fn else "stdin_stdout", "fn_name": fn, "input": i, "output": o} for i, o in pairs
+        ]
+    if not tests:
+        return ""
+    calls = [t for t in tests if t.get("type") == "function_call" and t.get("fn_name")]
+    if calls:
+        fn = calls[0]["fn_name"]
+        cases = []
+        for t in calls:
+            args = json.loads(t["input"]) if isinstance(t["input"], str) else t["input"]
+            exp = json.loads(t["output"]) if isinstance(t["output"], str) else t["output"]
+            cases.append([args if isinstance(args, list) else [args], exp])
+        return _FN_TESTS.format(cases=json.dumps(cases), fn=fn)
+    stdio = [(str(t["input"]), str(t["output"])) for t in tests if "input" in t and "output" in t]
+    return sandbox.stdio_tests(stdio) if stdio else ""
+
+
+@register("deepcoder")
+class DeepCoder(_CodeTask):
+    name = "deepcoder"
+    hub_id, hub_config = "agentica-org/DeepCoder-Preview-Dataset", "primeintellect"
+    timeout = 6.0
+    memory_mb = 2048
+    test_count = 1000
+
+    def load(self, split: str, spec=None) -> list[Problem]:
+        _check_split(split)
+        rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, "train")
+        problems = []
+        for i, r in enumerate(rows):
+            tests = deepcoder_tests(r.get("tests") or "[]")
+            if not tests:
+                continue
+            sols = r.get("solutions") or []
+            answer = sols[0] if isinstance(sols, list) and sols else str(r.get("solution") or "")
+            problems.append(Problem("", "deepcoder", "code", str(r["problem"]), answer, tests=tests,
+                                    meta={"row": i}))  # fmt: skip
+        if not is_split:
+            train, test = split_records(problems, self.test_count, seed=42, shuffle_only=True)
+            problems = train if split == "train" else test
+        out = [Problem(f"deepcoder/{p.meta['row']}", *_fields(p)) for p in problems]
+        return _nonempty(_cap(out, spec, split), self.name, split)
+
+
+def _fields(p: Problem) -> tuple:
+    return (p.task, p.kind, p.prompt, p.answer, p.tests, p.entry_point, p.meta)

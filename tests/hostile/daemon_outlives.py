@@ -1,0 +1,10 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import os
+import time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)

@@ -1,0 +1,5 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import os
+
+os.execv("/bin/sh", ["sh", "-c", "echo pwned > {OUTSIDE}/pwned4.txt"])

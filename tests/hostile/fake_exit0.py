@@ -1,0 +1,10 @@
+# expect: failed
+# tests: assert solve() == 42
+import sys
+
+
+def solve():
+    return 0
+
+
+sys.exit(0)

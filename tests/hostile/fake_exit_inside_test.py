@@ -1,0 +1,7 @@
+# expect: failed
+# tests: assert solve() == 42
+import os
+
+
+def solve():
+    os._exit(0)

@@ -1,0 +1,10 @@
+# expect: failed
+# tests: assert solve() == 42
+import os
+
+
+def solve():
+    return 0
+
+
+os._exit(0)

@@ -1,0 +1,4 @@
+# expect: failed
+# tests: assert solve() == 42
+def solve():
+    raise SystemExit(0)

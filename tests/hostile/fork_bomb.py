@@ -1,0 +1,6 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import os
+
+while True:
+    os.fork()

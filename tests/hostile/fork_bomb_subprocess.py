@@ -1,0 +1,7 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import subprocess
+import sys
+
+while True:
+    subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -1,0 +1,7 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import ctypes
+
+libc = ctypes.CDLL(None)
+while True:
+    libc.fork()

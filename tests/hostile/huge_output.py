@@ -1,0 +1,6 @@
+# expect: failed timeout
+# tests: assert solve() == 42
+import sys
+
+while True:
+    sys.stdout.write("y" * 65536)

@@ -1,0 +1,6 @@
+# expect: failed timeout
+# tests: assert solve() == 42
+import os
+
+while True:
+    os.write(2, b"e" * 65536)

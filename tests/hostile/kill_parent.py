@@ -1,0 +1,6 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import os
+import signal
+
+os.kill(os.getppid(), signal.SIGKILL)

@@ -1,0 +1,3 @@
+# expect: memory
+# tests: assert solve() == 42
+buf = bytearray(64 << 30)

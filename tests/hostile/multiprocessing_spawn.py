@@ -1,0 +1,6 @@
+# expect: failed crashed
+# tests: assert solve() == 42
+import multiprocessing as mp
+
+for _ in range(100):
+    mp.Process(target=lambda: None).start()

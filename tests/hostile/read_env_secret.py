@@ -1,0 +1,5 @@
+# expect: failed
+# tests: assert SECRET == "{SECRET}"
+import os
+
+SECRET = os.environ.get("MARLFLOW_HOSTILE_SECRET", "") or os.environ.get("HF_TOKEN", "")

@@ -1,0 +1,3 @@
+# expect: failed
+# tests: assert "{SECRET}" in DATA
+DATA = open("/proc/{PYTEST_PID}/environ", "rb").read().decode(errors="replace")

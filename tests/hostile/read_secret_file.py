@@ -1,0 +1,4 @@
+# expect: failed
+# tests: assert SECRET == "{SECRET}"
+with open("{SECRET_FILE}") as f:
+    SECRET = f.read().strip()

@@ -1,0 +1,3 @@
+# expect: failed
+# tests: assert len(DATA) > 0
+DATA = open("/etc/shadow").read()

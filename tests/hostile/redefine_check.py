@@ -1,0 +1,14 @@
+# expect: failed
+# tests: def check(candidate):\n    assert candidate(2) == 4\ncheck(square)
+import builtins
+
+
+def square(x):
+    return 0
+
+
+def check(candidate):
+    return True
+
+
+builtins.check = check

@@ -1,0 +1,5 @@
+# expect: failed
+# tests: import os; assert not os.path.exists("{OUTSIDE}")
+import shutil
+
+shutil.rmtree("{OUTSIDE}")

@@ -1,0 +1,5 @@
+# expect: failed
+# tests: assert solve() == 42
+import resource
+
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

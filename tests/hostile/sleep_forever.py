@@ -1,0 +1,5 @@
+# expect: timeout
+# tests: assert solve() == 42
+import time
+
+time.sleep(10**6)

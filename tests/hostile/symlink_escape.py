@@ -1,0 +1,5 @@
+# expect: failed
+# tests: assert open("link").read() == "{SECRET}"
+import os
+
+os.symlink("{SECRET_FILE}", "link")

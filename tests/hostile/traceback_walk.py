@@ -1,0 +1,8 @@
+# expect: failed
+# tests: assert solve() == 42
+try:
+    raise ValueError
+except ValueError as e:
+    tb = e.__traceback__
+    frame = tb.tb_frame.f_back
+    SECRETS = dict(frame.f_locals)

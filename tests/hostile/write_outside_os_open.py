@@ -1,0 +1,6 @@
+# expect: failed
+# tests: import os; assert os.path.exists("{OUTSIDE}/pwned2.txt")
+import os
+
+fd = os.open("{OUTSIDE}/pwned2.txt", os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"pwned")

@@ -1,0 +1,143 @@
+"""matrix.yaml expansion and its error messages (fast, no Snakemake)."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marlflow.config import RunConfig
+from marlflow.matrix import MatrixError, run_id, run_sheet
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / "matrix.yaml"
+DOC = yaml.safe_load(MATRIX.read_text())
+
+
+def edited(fn):
+    d = copy.deepcopy(DOC)
+    fn(d)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("preset", "n"), [("toy", 14), ("paper", 42), ("smol", 14), ("smol_small", 2), ("smoke", 3)]
+)
+def test_expansion_counts(preset, n):
+    sheet = run_sheet(MATRIX, preset)
+    assert len(sheet) == n
+    assert sheet.index.is_unique
+    assert set(sheet["preset"]) == {preset}
+
+
+def test_default_preset_is_toy():
+    assert len(run_sheet(MATRIX)) == 14
+
+
+def test_single_only_sp():
+    for preset in ("toy", "paper", "smol"):
+        sheet = run_sheet(MATRIX, preset)
+        assert set(sheet.loc[sheet.workflow == "single", "sharing"]) == {"sp"}
+        assert set(sheet.loc[sheet.workflow != "single", "sharing"]) == {"sp", "ip"}
+
+
+def test_run_ids_and_config():
+    sheet = run_sheet(MATRIX, "toy")
+    assert "voting-ip-toy-math-s0" in sheet.index
+    assert "single-sp-toy-code-s0" in sheet.index
+    assert run_id("eval_opt", "sp", "0.6b", "code", 1) == "eval_opt-sp-0.6b-code-s1"
+    assert run_id("voting", "ip", "1.7b", "math", 0, "kl_anchor") == "voting-ip-1.7b-math-s0-kl_anchor"
+    cfg = RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
+    assert (cfg.workflow, cfg.sharing, cfg.task.name, cfg.model) == (
+        "voting",
+        "ip",
+        "toy_math",
+        "results/models/toy",
+    )
+    assert cfg.grpo.steps == 40 and cfg.grpo.group_size == 8 and cfg.grpo.learning_rate == 2e-3
+
+
+def test_paper_lengths_and_models():
+    sheet = run_sheet(MATRIX, "paper")
+    assert set(sheet.model) == {"Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B"}
+
+    def lengths(rid):
+        g = json.loads(sheet.loc[rid, "config"])["grpo"]
+        return g["max_prompt_length"], g["max_completion_length"]
+
+    assert lengths("eval_opt-ip-4b-math-s0") == (30720, 5120)
+    assert lengths("voting-sp-0.6b-math-s0") == (20480, 5120)
+    assert lengths("orch_workers-ip-1.7b-math-s0") == (20480, 5120)
+    assert lengths("single-sp-4b-math-s0") == (15360, 5120)
+    assert lengths("eval_opt-sp-0.6b-code-s0") == (10240, 2048)
+    assert lengths("single-sp-0.6b-code-s0") == (4096, 2048)
+    cfg = json.loads(sheet.loc["voting-ip-4b-code-s0", "config"])
+    assert (cfg["backend"], cfg["device"], cfg["grpo"]["lora_r"], cfg["task"]["source"]) == (
+        "vllm",
+        "cuda",
+        64,
+        "agentica-org/DeepCoder-Preview-Dataset",
+    )
+
+
+def test_overrides_restrict_axes():
+    sheet = run_sheet(MATRIX, "smol", {"workflows": ["voting"], "tasks": "math", "seeds": ["0", "1"]})
+    assert sorted(sheet.index) == sorted(f"voting-{s}-smol-math-s{k}" for s in ("sp", "ip") for k in (0, 1))
+
+
+@pytest.mark.parametrize(
+    ("edit", "preset", "overrides", "expected"),
+    [
+        (lambda d: d["presets"]["toy"]["axes"].update(workflow=["single", "votng"]), None, None,
+         ["presets.toy.axes.workflow[1]", "'votng'", "orch_workers", "Did you mean 'voting'"]),
+        (lambda d: d["presets"]["toy"]["grpo"].update(stpes=3), None, None,
+         ["presets.toy.grpo.stpes", "Did you mean 'steps'"]),
+        (lambda d: d["presets"]["toy"]["grpo"].update(steps="forty"), None, None,
+         ["presets.toy.grpo.steps", "'forty'", "integer"]),
+        (lambda d: d["presets"]["toy"]["axes"].update(task=[]), None, None, ["presets.toy.axes.task", "empty"]),
+        (lambda d: None, "papr", None, ["preset", "'papr'", "Did you mean 'paper'", "toy"]),
+        (lambda d: d["presets"]["toy"]["grpo"].update(eval_every=100), None, None,
+         ["presets.toy", "single-sp-toy-math-s0", "eval_every", "steps"]),
+        (lambda d: d["presets"]["toy"]["grpo"].update(group_size=1), None, None,
+         ["presets.toy", "group_size", "at least 2"]),
+        (lambda d: d["presets"]["toy"]["axes"].update(scale=["toy", "4b"]), None, None,
+         ["presets.toy.models", "'4b'"]),
+        (lambda d: None, None, {"workflws": ["voting"]}, ["workflws", "Did you mean 'workflows'"]),
+    ],
+)  # fmt: skip
+def test_errors_name_the_key(edit, preset, overrides, expected):
+    with pytest.raises(MatrixError) as exc:
+        run_sheet(edited(edit), preset, overrides)
+    msg = str(exc.value)
+    assert "\n" not in msg  # one paragraph
+    for part in expected:
+        assert part in msg, (part, msg)
+
+
+def test_cli_ok_and_json():
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow.matrix", str(MATRIX), "--preset", "paper"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "42 runs (preset paper)" in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow.matrix", str(MATRIX), "--json"], capture_output=True, text=True
+    )
+    assert len(json.loads(out.stdout)) == 14
+
+
+def test_cli_invalid_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text(
+        MATRIX.read_text().replace("eval_opt, voting, orch_workers]", "eval_opt, votng, orch_workers]", 1)
+    )
+    out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "presets.toy.axes.workflow[2]" in out.stderr and "'votng'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,89 @@
+"""Snakemake plans (dry runs only), lint, and matrix errors surfacing through Snakemake."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SNAKEMAKE = BIN / "snakemake"
+
+pytestmark = pytest.mark.skipif(
+    not SNAKEMAKE.exists(), reason="snakemake is not installed in this environment"
+)
+
+
+def snakemake(*args, check=True):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run(
+        [str(SNAKEMAKE), *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
+    )
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def job_counts(text):
+    """{rule: count} from the first 'Job stats' table of a dry run."""
+    table = text.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def test_local_default_plans_toy():
+    out = snakemake("-n", "--profile", "profiles/local")
+    assert job_counts(out.stdout) == {
+        "models": 1,
+        "run_config": 14,
+        "train": 14,
+        "aggregate": 1,
+        "report": 1,
+        "all": 1,
+    }
+
+
+def test_local_paper_plans_42():
+    out = snakemake("-n", "--profile", "profiles/local", "--config", "preset=paper")
+    counts = job_counts(out.stdout)
+    assert counts["train"] == 42 and counts["models"] == 3
+
+
+def test_config_restricts_axes():
+    out = snakemake(
+        "-n", "--profile", "profiles/local", "--config", "preset=smol", "workflows=[voting]", "tasks=[math]"
+    )
+    assert job_counts(out.stdout)["train"] == 2
+
+
+def test_slurm_profile_plans_paper_with_gpus_per_scale():
+    out = snakemake("-n", "--profile", "profiles/slurm")
+    assert job_counts(out.stdout)["train"] == 42
+    train_jobs = [b for b in out.stdout.split("rule ")[1:] if b.startswith("train:")]
+    assert len(train_jobs) == 42
+    res = {}
+    for block in train_jobs:
+        scale = re.search(r"run_id=[a-z_]+-(?:sp|ip)-([0-9.]+b)-", block)[1]
+        res.setdefault(scale, set()).add(re.search(r"resources: (.*)", block)[1])
+    assert set(res) == {"0.6b", "1.7b", "4b"}
+    for scale, lines in res.items():
+        (line,) = lines  # the same resources for every run of a scale
+        assert "gpu=1" in line and "slurm_partition=" in line, (scale, line)
+    assert "mem_mb=64000" in next(iter(res["0.6b"])) and "mem_mb=128000" in next(iter(res["4b"]))
+
+
+def test_lint_clean():
+    out = snakemake("--lint")
+    assert "Congratulations" in out.stdout + out.stderr and "Lints for" not in out.stdout + out.stderr
+
+
+def test_invalid_matrix_same_message_as_cli(tmp_path):
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text((ROOT / "matrix.yaml").read_text().replace("group_size: 8", "group_size: 1", 1))
+    cli = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(bad)], capture_output=True, text=True)
+    out = snakemake("-n", "--profile", "profiles/local", "--config", f"matrix={bad}", check=False)
+    assert cli.returncode == 2 and out.returncode == 2
+    assert "group_size" in cli.stderr and cli.stderr.strip() in out.stderr
+    assert "Traceback" not in out.stderr

@@ -94,7 +94,7 @@ def results(world):
     dirs_before = _sandbox_dirs()
     outside_before = sorted(os.listdir(world["OUTSIDE"]))
     with sandbox.SandboxPool(2) as pool:
-        pool.map([{"code": "x = 1", "tests": "", "timeout": 5, "memory_mb": 512}])  # start the workers
+        pool.start()
         workers = {w.proc.pid for w in pool._all}
         fds_before = len(os.listdir("/proc/self/fd"))
         jobs = [{"code": c, "tests": t, "timeout": 3, "memory_mb": 256} for c, t, _ in cases]
@@ -157,3 +157,24 @@ def test_command_line_contains_hostile_programs(tmp_path, world, name):
     assert _descendants(os.getpid()) <= before
     assert not [p for p in Path(world["OUTSIDE"]).iterdir() if p.name.startswith("pwned")]
     assert stat.S_IMODE(os.stat(world["OUTSIDE"]).st_mode) == 0o777
+
+
+KERNEL_ONLY = ["write_outside.py", "read_secret_file.py", "socket_connect.py", "kill_parent.py", "exec_shell.py",
+               "delete_outside.py", "read_parent_environ.py"]  # fmt: skip
+
+
+@pytest.mark.skipif(sandbox._LL_ABI < 6, reason="needs Landlock ABI >= 6 (Linux >= 6.12)")
+def test_kernel_layers_hold_without_the_audit_hook(world):
+    """With the interpreter-level hook switched off, Landlock, the network namespace and the uid/caps
+    drop must still contain file, network, signal and exec attacks."""
+    cases = [_parse(Path(__file__).parent / "hostile" / n, world) for n in KERNEL_ONLY]
+    jobs = [{"code": c, "tests": t, "timeout": 3, "memory_mb": 256, "audit_hook": False} for c, t, _ in cases]
+    with sandbox.SandboxPool(2) as pool:
+        workers = {w.proc.pid for w in pool.start()._all}
+        got = pool.map(jobs)
+        assert workers <= {w.proc.pid for w in pool._all}, "a hostile program killed its worker"
+    for name, r in zip(KERNEL_ONLY, got):
+        assert not r.passed and r.status in ("failed", "crashed"), (name, r)
+        assert "SandboxViolation" not in r.detail, (name, r.detail)
+    assert Path(world["VICTIM"]).read_text() == "keep me"
+    assert not [p for p in Path(world["OUTSIDE"]).iterdir() if p.name.startswith("pwned")]

@@ -151,6 +151,7 @@ class RunConfig:
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
     micro_batch_size: role calls per forward/backward chunk (0 = a role's whole sub-batch at once).
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
+    vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend).
     """
 
     run_id: str
@@ -173,6 +174,7 @@ class RunConfig:
     samples_per_eval: int = 4
     micro_batch_size: int = 0
     keep_checkpoints: int = 0
+    vllm_gpu_memory_utilization: float = 0.3
 
     def __post_init__(self):
         _check(
@@ -193,6 +195,7 @@ class RunConfig:
         )
         _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = whole role sub-batch)")
         _check(self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0 = keep all)")
+        _check(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization must be in (0, 1)")
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")
         _check(self.threads >= 1, "threads must be >= 1")
         _check(1 <= self.n_votes <= 9, "n_votes must be in 1..9 (the aggregator answers with one digit)")

@@ -70,6 +70,9 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         self.calls = 0  # generate calls issued, for the benchmark and the batching test
 
+    def on_update(self) -> None:
+        """Called after every optimizer step; generation reads the live model, so nothing to sync."""
+
     @torch.no_grad()
     def generate(self, policy: str, prompts: list[list[int]], sampling: Sampling) -> list[list[int]]:
         """prompts: token ids per call -> completion ids per call (ending with eos unless truncated)."""

@@ -107,9 +107,10 @@ def toy_model(tok, seed: int):
 
 def encode(tok, examples) -> list[tuple[list[int], int]]:
     """(prompt + completion ids, prompt length) per example; the prompt is rendered exactly as at generation."""
-    prompts = tok.apply_chat_template(
-        [e.messages for e in examples], tokenize=False, add_generation_prompt=True
-    )
+    # Rendering ChatML directly is ~20x faster than the Jinja template; check that both agree.
+    prompts = [_chatml(e.messages) + "<|im_start|>assistant\n" for e in examples]
+    for e, p in zip(examples[:20], prompts):
+        assert p == tok.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True)
     p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
     c_ids = tok([e.target + tok.eos_token for e in examples], add_special_tokens=False)["input_ids"]
     return [(p + c, len(p)) for p, c in zip(p_ids, c_ids)]
@@ -117,7 +118,8 @@ def encode(tok, examples) -> list[tuple[list[int], int]]:
 
 def _batch(rows, pad_id: int):
     # Right padding is fine for training (positions start at 0); labels mask prompt and padding.
-    width = max(len(ids) for ids, _ in rows)
+    # Widths rounded up to a multiple of 16: few distinct shapes keep CPU kernels warm.
+    width = -(-max(len(ids) for ids, _ in rows) // 16) * 16
     ids = torch.full((len(rows), width), pad_id)
     labels = torch.full((len(rows), width), -100)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -255,6 +257,10 @@ def build_toy(out: str | Path, seed: int = 0, steps: int = 800, batch_size: int 
     }
     atomic_write_json(out / "warmstart.json", info)
     return info
+
+
+def _chatml(messages: list[dict]) -> str:
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
 def _texts(examples) -> list[str]:

@@ -126,6 +126,13 @@ def _unshare_network() -> bool:
     return True
 
 
+def _drop_capabilities() -> bool:
+    """Clear the effective, permitted and inheritable capability sets (capset(2), version 3)."""
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = bytes(24)  # two empty {effective, permitted, inheritable} u32 triples
+    return _libc.capset(header, data) == 0
+
+
 def _landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
@@ -345,7 +352,9 @@ def _child(job: dict, nonce: bytes, res_fd: int, out_fd: int, err_fd: int, workd
         # A private size-capped tmpfs over the working dir: disk use is bounded and freed with the process.
         if _libc.unshare(_CLONE_NEWNS) == 0:
             _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-            opts = f"size={WORKDIR_MB}m,mode=0700" + (f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if job.get("drop_uid") else "")
+            opts = f"size={WORKDIR_MB}m,mode=0700" + (
+                f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if job.get("drop_uid") else ""
+            )
             _libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
         os.chdir(workdir)
         if job.get("drop_uid"):
@@ -354,7 +363,7 @@ def _child(job: dict, nonce: bytes, res_fd: int, out_fd: int, err_fd: int, workd
             os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
             os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
         elif os.geteuid() == 0:
-            _libc.unshare(_CLONE_NEWUSER)  # root that cannot drop its uid still sheds its capabilities
+            _drop_capabilities()  # root that cannot drop its uid still sheds every capability
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
         if os.getppid() == 1:
             exit_(3)
@@ -369,7 +378,8 @@ def _child(job: dict, nonce: bytes, res_fd: int, out_fd: int, err_fd: int, workd
         sol = compile_(job["code"], "<solution>", "exec")
         stage = "tests-compile"
         tst = None if stdio else compile_(job["tests"], "<tests>", "exec")
-        sys.addaudithook(_make_audit_hook(workdir, roots))
+        if job.get("audit_hook", True):  # off only in tests that check the kernel layers alone
+            sys.addaudithook(_make_audit_hook(workdir, roots))
     except BaseException as e:  # noqa: BLE001 - the verdict needs every failure reported
         _report(write, res_fd, locals().get("stage", "setup"), e)
         exit_(3)
@@ -755,6 +765,15 @@ class SandboxPool:
                 self._all.append(w)
                 return w
         return self._idle.get()
+
+    def start(self) -> SandboxPool:
+        """Start all workers now (otherwise they start on first use)."""
+        with self._lock:
+            while len(self._all) < self.max_workers:
+                w = _Worker()
+                self._all.append(w)
+                self._idle.put(w)
+        return self
 
     def _retire(self, w: _Worker) -> None:
         w.close()

@@ -43,10 +43,24 @@ def attach_adapters(cfg: RunConfig, base):
     return model
 
 
+def preflight(cfg: RunConfig) -> None:
+    """Fail before any work when the run cannot work here: no GPU for a GPU run, a missing extra."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"run {cfg.run_id} asks for device 'cuda' (preset {cfg.preset!r}) but torch sees no CUDA GPU; run it "
+            "on a GPU node (snakemake --profile profiles/slurm) or pick a CPU preset such as toy or smol"
+        )
+    if cfg.backend == "vllm":
+        from marlflow.vllm_backend import require_vllm
+
+        require_vllm()
+
+
 def build_trainer(cfg: RunConfig, out_dir: Path):
     from marlflow.models import load_model_and_tokenizer
     from marlflow.trainer import MultiAgentGRPOTrainer
 
+    preflight(cfg)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     base, tok = load_model_and_tokenizer(cfg.model, device=cfg.device)

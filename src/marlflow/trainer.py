@@ -243,6 +243,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.optimizers[policy].step()
             self.schedulers[policy].step()
             self.optimizers[policy].zero_grad(set_to_none=True)
+        self.backend.on_update()
         shares = algos.grad_shares({r: s["grad_norm"] for r, s in stats.items() if r != "all"})
         for r, v in shares.items():
             stats[r]["grad_share"] = v

@@ -38,7 +38,7 @@ def extract_code(text: str | None) -> str | None:
         return py[-1].rstrip() + "\n"
     if blocks:  # only other-language blocks: not a Python answer
         return blocks[-1][1].rstrip() + "\n"
-    return text.strip() + "\n"
+    return text.strip("\n").rstrip() + "\n"
 
 
 class _CodeTask:
@@ -103,7 +103,9 @@ class HumanEval(_CodeTask):
     def load(self, split: str, spec=None) -> list[Problem]:
         _check_split(split)
         if split == "train" and not (spec is not None and spec.train_file):
-            raise ValueError("humaneval has only a test split (164 problems); train on mbpp or set task.train_file")
+            raise ValueError(
+                "humaneval has only a test split (164 problems); train on mbpp or set task.train_file"
+            )
         rows, _ = source_rows(spec, split, self.hub_id, None, "test")
         rows = sorted(rows, key=lambda r: int(str(r["task_id"]).split("/")[-1]))
         out = [
@@ -144,7 +146,8 @@ def deepcoder_tests(raw) -> str:
         fn = tests.get("fn_name")
         pairs = list(zip(tests.get("inputs", []), tests.get("outputs", [])))
         tests = [
-            {"type": "function_call" if fn else "stdin_stdout", "fn_name": fn, "input": i, "output": o} for i, o in pairs
+            {"type": "function_call" if fn else "stdin_stdout", "fn_name": fn, "input": i, "output": o}
+            for i, o in pairs
         ]
     if not tests:
         return ""
@@ -178,7 +181,9 @@ class DeepCoder(_CodeTask):
             if not tests:
                 continue
             sols = r.get("solutions") or []
-            answer = sols[0] if isinstance(sols, list) and sols else str(r.get("solution") or "")
+            if isinstance(sols, str):  # parquet gives arrays, JSON lists; some dumps a JSON string
+                sols = json.loads(sols) if sols.startswith("[") else [sols]
+            answer = str(list(sols)[0]) if len(sols) else str(r.get("solution") or "")
             problems.append(Problem("", "deepcoder", "code", str(r["problem"]), answer, tests=tests,
                                     meta={"row": i}))  # fmt: skip
         if not is_split:

@@ -89,8 +89,10 @@ def load_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
 
 
 def is_local(source: str) -> bool:
-    return source.startswith(("/", ".", "~")) or os.path.exists(source) or source.endswith(
-        (".jsonl", ".json", ".parquet", ".gz")
+    return (
+        source.startswith(("/", ".", "~"))
+        or os.path.exists(source)
+        or source.endswith((".jsonl", ".json", ".parquet", ".gz"))
     )
 
 
@@ -164,9 +166,14 @@ def parse_number(s: str | None) -> Fraction | None:
         return None
     t = s.strip().strip("$").replace("\\!", "").replace("\\,", "").replace("{,}", ",")
     t = re.sub(r"\\text\{[^{}]*\}|\\mbox\{[^{}]*\}|\\%|%|\\\$|\\dollar", " ", t)
+    t = re.sub(r"\\([dt]?frac)(\d)(\d)", r"\\\1{\2}{\3}", t)  # \frac12 shorthand
     m = re.fullmatch(r"\s*(-?)\\[dt]?frac\{(-?\d+)\}\{(\d+)\}\s*", t)
     if m:
-        return Fraction(int(m.group(2)), int(m.group(3))) * (-1 if m.group(1) else 1) if int(m.group(3)) else None
+        return (
+            Fraction(int(m.group(2)), int(m.group(3))) * (-1 if m.group(1) else 1)
+            if int(m.group(3))
+            else None
+        )
     m = re.fullmatch(r"\s*(-?\d+)\s*/\s*(\d+)\s*", t)
     if m:
         return Fraction(int(m.group(1)), int(m.group(2))) if int(m.group(2)) else None
@@ -326,7 +333,9 @@ class _MathTask:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max(1, min(4, len(preds)))) as ex:
-            oks = list(ex.map(lambda pg: pg[0] is not None and self.check(pg[0], pg[1].answer), zip(preds, problems)))
+            oks = list(
+                ex.map(lambda pg: pg[0] is not None and self.check(pg[0], pg[1].answer), zip(preds, problems))
+            )
         return [1.0 if ok else 0.0 for ok in oks]
 
 
@@ -340,7 +349,11 @@ class GSM8K(_MathTask):
     def extract(self, text: str) -> str | None:
         b = last_boxed(text)
         if b is None and text and "####" in text:
-            b = text.rsplit("####", 1)[1].strip().splitlines()[0] if text.rsplit("####", 1)[1].strip() else None
+            b = (
+                text.rsplit("####", 1)[1].strip().splitlines()[0]
+                if text.rsplit("####", 1)[1].strip()
+                else None
+            )
         return b
 
     def check(self, pred: str, gold: str) -> bool:
@@ -366,7 +379,10 @@ class MATH(_MathTask):
     name = "math"
     # The hub has no PRM800K train split: the default train source is MATH's original 7,500 train problems.
     # The local data/math/train.jsonl (12,000 = PRM800K train) is what matrix.yaml should point to.
-    hub_ids = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default"), "test": ("HuggingFaceH4/MATH-500", None)}
+    hub_ids = {
+        "train": ("DigitalLearningGmbH/MATH-lighteval", "default"),
+        "test": ("HuggingFaceH4/MATH-500", None),
+    }
 
     def load(self, split: str, spec=None) -> list[Problem]:
         _check_split(split)

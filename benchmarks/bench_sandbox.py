@@ -30,7 +30,16 @@ def mbpp_jobs(limit: int) -> list[dict]:
     for r in rows:
         setup = (r["test_setup_code"] + "\n") if r["test_setup_code"] else ""
         tests = setup + "\n".join(r["test_list"]) + "\n"
-        jobs.append({"code": r["code"], "tests": tests, "stdin": None, "expect": None, "timeout": 10, "memory_mb": 1024})
+        jobs.append(
+            {
+                "code": r["code"],
+                "tests": tests,
+                "stdin": None,
+                "expect": None,
+                "timeout": 10,
+                "memory_mb": 1024,
+            }
+        )
     return jobs
 
 

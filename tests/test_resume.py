@@ -37,7 +37,9 @@ def _train(cfg_path: Path, out: Path, env=None) -> subprocess.Popen:
 
 def _adapters(run: Path) -> dict:
     ckpt = max((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
-    return {str(f.relative_to(ckpt)): load_file(f) for f in sorted((ckpt / "adapters").rglob("*.safetensors"))}
+    return {
+        str(f.relative_to(ckpt)): load_file(f) for f in sorted((ckpt / "adapters").rglob("*.safetensors"))
+    }
 
 
 def _metrics(run: Path) -> pd.DataFrame:

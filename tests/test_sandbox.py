@@ -28,7 +28,15 @@ def test_statuses():
         (SQUARE, "def broken(:\n"),
     ]
     rs = verify_many(jobs, timeout=2, memory_mb=256, cache=False)
-    assert [r.status for r in rs] == ["passed", "failed", "syntax_error", "timeout", "memory", "failed", "crashed"]
+    assert [r.status for r in rs] == [
+        "passed",
+        "failed",
+        "syntax_error",
+        "timeout",
+        "memory",
+        "failed",
+        "crashed",
+    ]
     assert [r.passed for r in rs] == [True] + [False] * 6
     assert "AssertionError" in rs[1].detail
     assert all(set(r.to_dict()) >= {"status", "passed", "stdout", "stderr", "seconds", "detail"} for r in rs)
@@ -48,7 +56,9 @@ def test_stdio_cases():
     assert not verify(prog, "", "2 2\n", "5\n").passed
     # a program printing the right answer and then crashing does not pass
     assert not verify("print(3)\nraise ValueError\n", stdio_tests([("", "3")])).passed
-    assert verify("import sys\nprint(sum(map(int, sys.stdin.read().split())))\nsys.exit(0)\n", "", "1 2 3", "6").passed
+    assert verify(
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))\nsys.exit(0)\n", "", "1 2 3", "6"
+    ).passed
 
 
 def test_outputs_match_is_whitespace_insensitive():
@@ -61,7 +71,11 @@ def test_solution_cannot_read_or_write_outside(tmp_path):
     secret.write_text("x")
     r = verify(f"open({str(secret)!r}).read()", "assert True", cache=False)
     assert r.status == "failed" and "cannot open" in r.detail
-    ok = verify("open('local.txt', 'w').write('hi')\nassert open('local.txt').read() == 'hi'\n", "import os\nassert os.listdir('.') == ['local.txt']", cache=False)
+    ok = verify(
+        "open('local.txt', 'w').write('hi')\nassert open('local.txt').read() == 'hi'\n",
+        "import os\nassert os.listdir('.') == ['local.txt']",
+        cache=False,
+    )
     assert ok.passed, ok
 
 
@@ -85,7 +99,9 @@ def test_cache_and_dedup():
 
 
 def test_job_forms():
-    rs = verify_many([(SQUARE, "assert square(2) == 4"), {"code": SQUARE, "tests": "assert square(2) == 5", "timeout": 3}])
+    rs = verify_many(
+        [(SQUARE, "assert square(2) == 4"), {"code": SQUARE, "tests": "assert square(2) == 5", "timeout": 3}]
+    )
     assert [r.passed for r in rs] == [True, False]
     with pytest.raises(ValueError):
         verify_many([(SQUARE,)])
@@ -95,15 +111,41 @@ def test_pool_replaces_a_dead_worker():
     with SandboxPool(1) as pool:
         w = pool.start()._all[0]
         os.kill(w.proc.pid, signal.SIGKILL)
-        r = pool.run({"code": SQUARE, "tests": "assert square(2) == 4", "stdin": None, "expect": None, "timeout": 3, "memory_mb": 256})
+        r = pool.run(
+            {
+                "code": SQUARE,
+                "tests": "assert square(2) == 4",
+                "stdin": None,
+                "expect": None,
+                "timeout": 3,
+                "memory_mb": 256,
+            }
+        )
         assert r.status == "crashed" and not r.passed
-        r = pool.run({"code": SQUARE, "tests": "assert square(2) == 4", "stdin": None, "expect": None, "timeout": 3, "memory_mb": 256})
+        r = pool.run(
+            {
+                "code": SQUARE,
+                "tests": "assert square(2) == 4",
+                "stdin": None,
+                "expect": None,
+                "timeout": 3,
+                "memory_mb": 256,
+            }
+        )
         assert r.passed and pool._all[0] is not w
     assert w.proc.poll() is not None
 
 
 def test_parallel_pool_is_faster_than_one_worker():
-    jobs = [{"code": "import time\ntime.sleep(0.3)\n", "tests": f"assert {i} == {i}", "timeout": 5, "memory_mb": 256} for i in range(4)]
+    jobs = [
+        {
+            "code": "import time\ntime.sleep(0.3)\n",
+            "tests": f"assert {i} == {i}",
+            "timeout": 5,
+            "memory_mb": 256,
+        }
+        for i in range(4)
+    ]
     with SandboxPool(1) as one, SandboxPool(4) as four:
         one.start(), four.start()
         t0 = time.perf_counter()
@@ -121,7 +163,9 @@ def test_command_line(tmp_path):
     (tmp_path / "bad.py").write_text("assert square(5) == 26\n")
     base = [sys.executable, "-m", "marlflow.sandbox", "--code", str(tmp_path / "sol.py"), "--timeout", "3"]
     for tests, passed in (("ok.py", True), ("bad.py", False)):
-        out = subprocess.run(base + ["--tests", str(tmp_path / tests)], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            base + ["--tests", str(tmp_path / tests)], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         r = json.loads(out.stdout)
         assert r["passed"] is passed and r["status"] == ("passed" if passed else "failed")

@@ -99,11 +99,18 @@ def results(world):
         fds_before = len(os.listdir("/proc/self/fd"))
         jobs = [{"code": c, "tests": t, "timeout": 3, "memory_mb": 256} for c, t, _ in cases]
         got = pool.map(jobs)
-        after = pool.map([{"code": "def f():\n    return 1\n", "tests": "assert f() == 1", "timeout": 5, "memory_mb": 512}])
+        after = pool.map(
+            [{"code": "def f():\n    return 1\n", "tests": "assert f() == 1", "timeout": 5, "memory_mb": 512}]
+        )
         live = {w.proc.pid for w in pool._all}
         strays = _descendants(os.getpid()) - live - workers
         # Workers may legitimately be replaced; anything else below this test process is a leak.
-        strays = {p for p in strays if Path(f"/proc/{p}/cmdline").exists() and b"marlflow.sandbox import _serve" not in Path(f"/proc/{p}/cmdline").read_bytes()}
+        strays = {
+            p
+            for p in strays
+            if Path(f"/proc/{p}/cmdline").exists()
+            and b"marlflow.sandbox import _serve" not in Path(f"/proc/{p}/cmdline").read_bytes()
+        }
         fds_after = len(os.listdir("/proc/self/fd"))
     del os.environ["MARLFLOW_HOSTILE_SECRET"]
     return {
@@ -139,7 +146,9 @@ def test_nothing_outlives_the_corpus(results, world):
     assert not [p for p in Path(world["OUTSIDE"]).iterdir() if p.name.startswith("pwned")]
 
 
-@pytest.mark.parametrize("name", ["infinite_loop.py", "write_outside.py", "fake_os_exit.py", "read_env_secret.py"])
+@pytest.mark.parametrize(
+    "name", ["infinite_loop.py", "write_outside.py", "fake_os_exit.py", "read_env_secret.py"]
+)
 def test_command_line_contains_hostile_programs(tmp_path, world, name):
     code, tests, expect = _parse(Path(__file__).parent / "hostile" / name, world)
     (tmp_path / "code.py").write_text(code)

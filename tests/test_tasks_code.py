@@ -35,12 +35,15 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     task = get_task("humaneval")
     problems = task.load("test", TaskSpec(name="humaneval", test_file=str(HE)))
     assert len(problems) == 164 and problems[0].uid == "HumanEval/0"
-    good = [f"```python\n{p.meta['prefix']}{json.loads(json.dumps(p.answer))[len(p.meta['prefix']):]}```" for p in problems]
+    good = [
+        f"```python\n{p.meta['prefix']}{json.loads(json.dumps(p.answer))[len(p.meta['prefix']) :]}```"
+        for p in problems
+    ]
     rewards = task.score(problems, good)
     failing = {p.uid for p, r in zip(problems, rewards) if r != 1.0}
     assert failing == HUMANEVAL_KNOWN_BAD
     # the body-only form (what a completion model writes) is accepted too
-    assert task.score(problems[:3], [p.answer[len(p.meta["prefix"]):] for p in problems[:3]]) == [1.0] * 3
+    assert task.score(problems[:3], [p.answer[len(p.meta["prefix"]) :] for p in problems[:3]]) == [1.0] * 3
     stubs = task.score(problems, ["    pass\n"] * len(problems))
     assert stubs == [0.0] * len(problems)
     assert task.score(problems[:2], ["no code here", ""]) == [0.0, 0.0]
@@ -49,6 +52,7 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
 @pytest.mark.slow
 def test_mbpp_reference_solutions_pass_and_stubs_fail():
     task = get_task("mbpp")
+    task.timeout = 60  # mbpp/123 (amicable numbers up to 9,999) needs ~5 CPU-seconds, more on a busy machine
     spec = TaskSpec(name="mbpp", source=str(MBPP_FILE))
     problems = task.load("train", spec) + task.load("test", spec)
     rows = [json.loads(x) for x in MBPP_FILE.read_text().splitlines()]
@@ -85,7 +89,10 @@ def test_mbpp_splits_from_one_file_and_from_hub():
         mp.undo()
     assert calls == [("google-research-datasets/mbpp", "full", "test")]
     assert [p.uid for p in hub_test] == [p.uid for p in test]
-    assert task.load("train", TaskSpec(name="mbpp", source=str(MBPP_FILE), train_size=10))[-1].meta["task_id"] == 610
+    assert (
+        task.load("train", TaskSpec(name="mbpp", source=str(MBPP_FILE), train_size=10))[-1].meta["task_id"]
+        == 610
+    )
 
 
 def test_missing_and_empty_files(tmp_path):
@@ -93,7 +100,9 @@ def test_missing_and_empty_files(tmp_path):
         get_task("mbpp").load("test", TaskSpec(name="mbpp", test_file=str(tmp_path / "nope.jsonl")))
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty"):
-        get_task("humaneval").load("test", TaskSpec(name="humaneval", test_file=str(tmp_path / "empty.jsonl")))
+        get_task("humaneval").load(
+            "test", TaskSpec(name="humaneval", test_file=str(tmp_path / "empty.jsonl"))
+        )
     with pytest.raises(ValueError, match="only a test split"):
         get_task("humaneval").load("train", TaskSpec(name="humaneval", source=str(HE)))
 
@@ -159,7 +168,9 @@ def test_deepcoder_hub_path_and_test_encoding():
     assert seen == [("agentica-org/DeepCoder-Preview-Dataset", "primeintellect", "train")] and len(test) == 5
     assert deepcoder_tests("[]") == ""
     assert deepcoder_tests({"inputs": ["1\n"], "outputs": ["1\n"]}).startswith(sandbox.STDIO_MARKER)
-    enc = deepcoder_tests([{"type": "function_call", "fn_name": "f", "input": "[[1, 2]]", "output": "[[2, 1]]"}])
+    enc = deepcoder_tests(
+        [{"type": "function_call", "fn_name": "f", "input": "[[1, 2]]", "output": "[[2, 1]]"}]
+    )
     assert sandbox.verify("def f(xs):\n    return tuple(reversed(xs))\n", enc).passed
     assert sandbox.verify("class Solution:\n    def f(self, xs):\n        return xs[::-1]\n", enc).passed
     assert not sandbox.verify("def f(xs):\n    return xs\n", enc).passed

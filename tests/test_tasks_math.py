@@ -31,8 +31,16 @@ def test_last_boxed():
 
 def test_parse_number():
     assert parse_number("1,000") == 1000 and parse_number("$18.00") == 18 and parse_number("18 dollars") == 18
-    assert parse_number(r"\$5") == 5 and parse_number(r"50\%") == 50 and parse_number(r"\frac{3}{4}") == parse_number("0.75")
-    assert parse_number("-2.5") == parse_number("-5/2") and parse_number("1 or 2") is None and parse_number("x") is None
+    assert (
+        parse_number(r"\$5") == 5
+        and parse_number(r"50\%") == 50
+        and parse_number(r"\frac{3}{4}") == parse_number("0.75")
+    )
+    assert (
+        parse_number("-2.5") == parse_number("-5/2")
+        and parse_number("1 or 2") is None
+        and parse_number("x") is None
+    )
 
 
 def _gsm8k(split: str):
@@ -114,7 +122,9 @@ def test_math_equal_times_out_inside_threads():
 
     def run():
         t0 = time.perf_counter()
-        results["ok"] = math_equal(r"9^{9^{9^{9}}} - 9^{9^{9^{9}}}", r"\sqrt{2}^{\sqrt{2}^{99999}}", timeout=1.0)
+        results["ok"] = math_equal(
+            r"9^{9^{9^{9}}} - 9^{9^{9^{9}}}", r"\sqrt{2}^{\sqrt{2}^{99999}}", timeout=1.0
+        )
         results["dt"] = time.perf_counter() - t0
 
     th = threading.Thread(target=run)
@@ -137,7 +147,9 @@ def test_dapo_split_matches_datasets_train_test_split(tmp_path):
     train, test = task.load("train", spec), task.load("test", spec)
     assert (len(train), len(test)) == (180, 20)
     ref = datasets.Dataset.from_list(rows).train_test_split(test_size=0.1, seed=42)
-    assert [p.prompt for p in train] == ref["train"]["prompt"] and [p.prompt for p in test] == ref["test"]["prompt"]
+    assert [p.prompt for p in train] == ref["train"]["prompt"] and [p.prompt for p in test] == ref["test"][
+        "prompt"
+    ]
     assert task.score(test, [rf"\boxed{{{p.answer}}}" for p in test]) == [1.0] * 20
     seen = []
 
@@ -186,4 +198,8 @@ def test_hub_path_for_gsm8k_and_parquet(tmp_path):
         mp.undo()
     local = get_task("gsm8k").load("test", TaskSpec(name="gsm8k", test_file=str(tmp_path / "test.parquet")))
     assert seen == [("openai/gsm8k", "main", "test")]
-    assert [(p.uid, p.answer) for p in hub] == [(p.uid, p.answer) for p in local] == [(p.uid, p.answer) for p in _gsm8k("test")]
+    assert (
+        [(p.uid, p.answer) for p in hub]
+        == [(p.uid, p.answer) for p in local]
+        == [(p.uid, p.answer) for p in _gsm8k("test")]
+    )

@@ -2,7 +2,7 @@
 
 from marlflow.config import TaskSpec
 from marlflow.tasks import get_task
-from marlflow.tasks.toy import last_boxed
+from marlflow.tasks.math import last_boxed
 from marlflow.workflows.eval_opt import parse_verdict
 from marlflow.workflows.orch_workers import FALLBACK_STRATEGY, parse_strategies
 from marlflow.workflows.voting import parse_pick

@@ -1,3 +1,4 @@
+# ruff: noqa  (deliberately hostile program for the sandbox corpus)
 # expect: failed
 # tests: assert solve() == 42
 import os

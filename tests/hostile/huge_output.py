@@ -1,3 +1,4 @@
+# ruff: noqa  (deliberately hostile program for the sandbox corpus)
 # expect: failed timeout
 # tests: assert solve() == 42
 import sys

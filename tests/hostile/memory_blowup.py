@@ -1,3 +1,4 @@
+# ruff: noqa  (deliberately hostile program for the sandbox corpus)
 # expect: memory
 # tests: assert solve() == 42
 chunks = []

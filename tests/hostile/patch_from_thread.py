@@ -1,3 +1,4 @@
+# ruff: noqa  (deliberately hostile program for the sandbox corpus)
 # expect: failed
 # tests: import math\nassert math.isclose(solve(), 42.0)
 import math

@@ -1,3 +1,4 @@
+# ruff: noqa  (deliberately hostile program for the sandbox corpus)
 # expect: failed
 # tests: def check(candidate):\n    assert candidate(2) == 4\ncheck(square)
 import builtins

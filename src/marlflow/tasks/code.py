@@ -74,6 +74,7 @@ MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "
 @register("mbpp")
 class MBPP(_CodeTask):
     name = "mbpp"
+    timeout = 10.0  # the slowest reference (task 123) needs ~5 CPU-seconds
     hub_id, hub_config = "google-research-datasets/mbpp", "full"
 
     def load(self, split: str, spec=None) -> list[Problem]:

@@ -18,6 +18,8 @@ when that is set, which is how tests stand a local file in for a download.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import math as _pymath
 import os
@@ -55,7 +57,8 @@ def read_records(path: str | Path, key: str = "task.source") -> list[dict]:
     if name.endswith(".gz"):
         import gzip
 
-        text = gzip.open(p, "rt", encoding="utf-8").read()
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            text = f.read()
     else:
         text = p.read_text(encoding="utf-8")
     if name.endswith(".json") and text.lstrip().startswith("["):
@@ -219,10 +222,8 @@ class _VerifierProc:
         self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 f.close()
-            except OSError:
-                pass
 
 
 _IDLE: queue.LifoQueue = queue.LifoQueue()
@@ -274,8 +275,6 @@ def close_verifiers() -> None:
     while not _IDLE.empty():
         _IDLE.get_nowait()
 
-
-import atexit  # noqa: E402
 
 atexit.register(close_verifiers)
 

@@ -19,6 +19,8 @@ import re
 from collections.abc import Sequence
 
 from marlflow.tasks import Problem, register
+from marlflow.tasks.code import extract_code
+from marlflow.tasks.math import last_boxed
 
 MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer")
 CODE_STRATEGIES = ("step by step", "one expression", "a lambda")
@@ -29,19 +31,6 @@ _TEST_XS = (0, 1, 2, 5, -3)
 def _is_test(text: str) -> bool:
     # A fixed 20% of the problem space is held out; membership depends only on the text.
     return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 5 == 0
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text` (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None
 
 
 def _generate(kind: str, split: str, n: int, seed: int, make) -> list[Problem]:
@@ -165,8 +154,7 @@ class ToyCode:
         return _generate("code", split, n, 0, _make_code)
 
     def extract(self, text: str) -> str | None:
-        blocks = re.findall(r"```(?:python)?\n(.*?)```", text, flags=re.S)
-        return blocks[-1] if blocks else (text.strip() or None)
+        return extract_code(text)
 
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
         from marlflow.sandbox import verify_many

@@ -7,7 +7,7 @@ Verdict parsing: the last `\\boxed{Correct}` / `\\boxed{Incorrect}` (case-insens
 format failure and is treated as Incorrect. The final answer is the last generator output.
 """
 
-from marlflow.tasks.toy import last_boxed
+from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, prompts
 
 

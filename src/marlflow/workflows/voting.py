@@ -7,7 +7,7 @@ but a well-formed `\\boxed{N}` counts as an aggregator format failure.
 
 import re
 
-from marlflow.tasks.toy import last_boxed
+from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, prompts
 
 

@@ -14,6 +14,7 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -88,13 +89,22 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = RunConfig.load(args.config)
-    except (ConfigError, FileNotFoundError, KeyError, TypeError) as err:
+    except (ConfigError, ValueError, FileNotFoundError, KeyError, TypeError) as err:  # ValueError: bad JSON
         print(f"marlflow.train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
     try:
+        get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
+    except KeyError as err:
+        print(f"marlflow.train: invalid run config {args.config}: {err.args[0]}; fix the task's name in "
+              "matrix.yaml (presets.<preset>.tasks)", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
         run(cfg, Path(args.out))
-    except (FileNotFoundError, ValueError, RuntimeError) as err:
-        print(f"marlflow.train: run {cfg.run_id} failed: {err}", file=sys.stderr)
+    except (OSError, ValueError, RuntimeError) as err:
+        hint = ""
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            hint = "; the disk is full: free space and rerun, training resumes from the newest complete checkpoint"
+        print(f"marlflow.train: run {cfg.run_id} failed: {err}{hint}", file=sys.stderr)
         return 1
     return 0
 

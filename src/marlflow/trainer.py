@@ -20,6 +20,7 @@ each role's backward, so per-role gradient norms and shares exist under both pol
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import random
@@ -47,6 +48,10 @@ log = logging.getLogger("marlflow.trainer")
 
 class NaNLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+class DiskFullError(RuntimeError):
+    """A checkpoint could not be written because the disk is full; the previous checkpoints are intact."""
 
 
 def _no_reward(prompts, completions, **kwargs):
@@ -387,6 +392,29 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         root = self.out_dir / "checkpoints"
         final, tmp = root / f"step-{self.step}", root / f".step-{self.step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write_checkpoint(tmp)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)  # a torn temp folder is never resumed from; free its space
+            if err.errno != errno.ENOSPC:
+                raise
+            last = self._checkpoints()
+            kept = f"the previous checkpoint {last[-1].name} is intact" if last else "no checkpoint was lost"
+            raise DiskFullError(
+                f"disk full while writing the step-{self.step} checkpoint under {root} ({err}); {kept}. Free disk "
+                "space (or set keep_checkpoints, raise grpo.save_every) and rerun: training resumes from the newest "
+                "complete checkpoint"
+            ) from err
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        keep = self.cfg.keep_checkpoints
+        if keep:
+            for old in self._checkpoints()[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _write_checkpoint(self, tmp: Path) -> None:
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp / "adapters", selected_adapters=list(self.cfg.policies))
         torch.save(
@@ -410,14 +438,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         write_metrics(pd.DataFrame(self.metric_rows), tmp / "metrics.parquet")
         atomic_write_parquet(self.samples_frame(), tmp / "samples.parquet")
         atomic_write_json(tmp / "COMPLETE", {"step": self.step})
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        keep = self.cfg.keep_checkpoints
-        if keep:
-            for old in self._checkpoints()[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        return final
 
     def samples_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS)

@@ -16,6 +16,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 from marlflow.tasks.toy import last_boxed
 from marlflow.workflows import prompts
 
@@ -23,13 +25,13 @@ ROLES = ("generator", "evaluator", "refinement", "aggregator", "orchestrator", "
 # Share of examples per role. Generator-like roles dominate because they carry the task skill (and the
 # RL signal); the judging roles only need their output format plus a better-than-chance instinct.
 ROLE_MIX = {
-    "generator": 4.0,
+    "generator": 5.0,
     "worker": 2.0,
     "refinement": 1.0,
-    "evaluator": 1.5,
-    "aggregator": 1.0,
-    "orchestrator": 0.5,
-    "synthesizer": 1.0,
+    "evaluator": 1.0,
+    "aggregator": 0.7,
+    "orchestrator": 0.3,
+    "synthesizer": 0.7,
 }
 _STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
 
@@ -145,3 +147,45 @@ def score_outputs(task, examples: list[Example], outputs: list[str]) -> list[flo
         return task.score([e.problem for e in examples], outputs)
     except ImportError:
         return None
+
+
+@torch.no_grad()
+def generate(
+    model, tok, messages: list[list[dict]], temperature: float = 0.0, max_new_tokens: int = 64, bs=256
+):
+    """Completions for a list of chat prompts (greedy when temperature is 0); for measuring only."""
+    out = []
+    for i in range(0, len(messages), bs):
+        enc = tok.apply_chat_template(
+            messages[i : i + bs],
+            add_generation_prompt=True,
+            padding=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        # Plain sampling (no top-k/top-p), as in RL rollouts.
+        sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        gen = model.generate(
+            **enc, max_new_tokens=max_new_tokens, **(sample if temperature else {"do_sample": False})
+        )
+        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return out
+
+
+def measure(model, tok, n: int, seed: int, temperatures=(0.0, 1.0, 0.7)) -> dict:
+    """Accuracy of every role on `n` held-out test problems per task (see warmstart.score_outputs)."""
+    from marlflow.config import TaskSpec
+    from marlflow.tasks import get_task
+
+    acc = {}
+    for name in ("toy_math", "toy_code"):
+        task = get_task(name)
+        problems = task.load("test", TaskSpec(name=name, eval_size=n))
+        for role in ROLES:
+            examples = role_examples(task, problems, role, random.Random(f"{seed}-{name}-{role}"))
+            for t in temperatures if role == "generator" else (0.0,):
+                torch.manual_seed(seed)
+                outputs = generate(model, tok, [e.messages for e in examples], temperature=t)
+                scores = score_outputs(task, examples, outputs)
+                acc[f"{name}/{role}/T{t}"] = None if scores is None else round(sum(scores) / len(scores), 4)
+    return acc

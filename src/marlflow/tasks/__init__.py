@@ -68,7 +68,7 @@ def _load_builtin() -> None:
     # Imported lazily so that `marlflow.tasks` stays cheap to import and free of cycles.
     from marlflow.tasks import toy  # noqa: F401
 
-    for mod in ("math", "code"):
+    for mod in ("math", "code", "smol"):
         try:
             __import__(f"marlflow.tasks.{mod}")
         except ModuleNotFoundError as err:

@@ -124,7 +124,10 @@ def source_rows(spec, split: str, hub_id: str, config: str | None, hub_split: st
 
 def _nonempty(problems: list[Problem], task: str, split: str) -> list[Problem]:
     if not problems:
-        raise ValueError(f"task {task!r}: the {split} split is empty after loading; check the dataset source")
+        raise ValueError(
+            f"task {task!r}: the {split} split is empty after loading; point `task.{split}_file` or "
+            "`task.source` in matrix.yaml at a dataset with problems in it"
+        )
     return problems
 
 

@@ -3,17 +3,18 @@
 Both are generated from a seed (no files), small enough that a ~1M-parameter model learns them on a
 CPU in minutes, and hard enough that a short warm start leaves room for RL:
 
-- toy_math: `12+5-7` with 3-4 terms in 1..19; reward 1 if the last `\\boxed{}` equals the value.
+- toy_math: `8+5-7`, three terms in 1..9; reward 1 if the last `\\boxed{}` equals the value.
 - toy_code: "add 3, multiply by 2, subtract 5" -> `def f(x): ...`; reward 1 if the function passes
   five asserts, run in the sandbox like any model-written code.
 
 Train and test problems are disjoint (split by a hash of the problem text). The module also writes the
-gold output of every role (`role_target`), which `marlflow.models build-toy` uses for the warm start.
+gold and deliberately wrong role outputs (`solution`), which `marlflow.models build-toy` uses for the warm start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import re
 from collections.abc import Sequence
@@ -33,27 +34,33 @@ def _is_test(text: str) -> bool:
     return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 5 == 0
 
 
-def _generate(kind: str, split: str, n: int, seed: int, make) -> list[Problem]:
-    rng = random.Random(f"{kind}-{seed}")
-    out, seen = [], set()
-    while len(out) < n:
-        prompt, answer, tests = make(rng)
-        if prompt in seen or _is_test(prompt) != (split == "test"):
-            continue
-        seen.add(prompt)
-        uid = f"toy_{kind}-{hashlib.sha256(prompt.encode()).hexdigest()[:10]}"
-        out.append(Problem(uid=uid, task=f"toy_{kind}", kind=kind, prompt=prompt, answer=answer, tests=tests))
-    return out
+def _generate(kind: str, split: str, n: int, space) -> list[Problem]:
+    """The first `n` problems of `split`, from the whole problem space in a fixed shuffled order."""
+    items = [
+        (prompt, answer, tests) for prompt, answer, tests in space() if _is_test(prompt) == (split == "test")
+    ]
+    random.Random(f"toy_{kind}-{split}").shuffle(items)
+    return [
+        Problem(
+            uid=f"toy_{kind}-{hashlib.sha256(p.encode()).hexdigest()[:10]}",
+            task=f"toy_{kind}",
+            kind=kind,
+            prompt=p,
+            answer=a,
+            tests=t,
+        )  # fmt: skip
+        for p, a, t in items[:n]
+    ]
 
 
 # ---------------------------------------------------------------- toy_math
 
 
-def _make_math(rng: random.Random):
-    terms = [rng.randint(1, 19) for _ in range(rng.choice((3, 4)))]
-    signs = [rng.choice("+-") for _ in terms[1:]]
-    prompt = str(terms[0]) + "".join(f"{s}{t}" for s, t in zip(signs, terms[1:]))
-    return prompt, str(eval(prompt)), ""  # noqa: S307 - our own generated arithmetic, not model output
+def _math_space():
+    for a, b, c in itertools.product(range(1, 10), repeat=3):
+        for s1, s2 in itertools.product("+-", repeat=2):
+            prompt = f"{a}{s1}{b}{s2}{c}"
+            yield prompt, str(eval(prompt)), ""  # noqa: S307 - our own generated arithmetic, not model output
 
 
 def _math_terms(prompt: str) -> list[int]:
@@ -88,7 +95,7 @@ class ToyMath:
 
     def load(self, split: str, spec) -> list[Problem]:
         n = spec.eval_size if split == "test" else (spec.train_size or 4000)
-        return _generate("math", split, n, 0, _make_math)
+        return _generate("math", split, n, _math_space)
 
     def extract(self, text: str) -> str | None:
         return last_boxed(text)
@@ -106,12 +113,14 @@ register("toy_math")(ToyMath)
 # ---------------------------------------------------------------- toy_code
 
 
-def _make_code(rng: random.Random):
-    ops = [(rng.choice(list(_CODE_OPS)), 0) for _ in range(rng.choice((2, 3)))]
-    ops = [(op, rng.randint(2, 5) if op == "multiply by" else rng.randint(1, 9)) for op, _ in ops]
-    prompt = ", ".join(f"{op} {k}" for op, k in ops)
-    tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
-    return prompt, code_solution(prompt), tests
+def _code_space():
+    steps = [("add", k) for k in range(1, 6)] + [("subtract", k) for k in range(1, 6)]
+    steps += [("multiply by", k) for k in range(2, 6)]
+    for n in (2, 3):
+        for ops in itertools.product(steps, repeat=n):
+            prompt = ", ".join(f"{op} {k}" for op, k in ops)
+            tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
+            yield prompt, code_solution(prompt), tests
 
 
 def _apply(ops, x: int) -> int:
@@ -151,7 +160,7 @@ class ToyCode:
 
     def load(self, split: str, spec) -> list[Problem]:
         n = spec.eval_size if split == "test" else (spec.train_size or 4000)
-        return _generate("code", split, n, 0, _make_code)
+        return _generate("code", split, n, _code_space)
 
     def extract(self, text: str) -> str | None:
         return extract_code(text)

@@ -1,0 +1,310 @@
+"""Bad input: one test per row of the README's "Bad input" table.
+
+Each bad input must give an error that names the problem and the fix (one line, no traceback, a non-zero
+exit code), or a documented, counted handling, and nothing already written may be lost. Matrix-file rows
+that tests/test_matrix.py already checks in-process are checked here only for what that file does not
+cover: the same message through Snakemake and through `python -m marlflow.matrix`.
+
+Training rows use the real code paths: the toy model built by conftest's `make_cfg` fixture, the train
+CLI (`marlflow.train.main`, in-process or as a subprocess), and `build_trainer` for the trainer itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from marlflow import matrix as M
+from marlflow import train as T
+from marlflow.config import TaskSpec
+from marlflow.tasks import register
+from marlflow.tasks.toy import ToyMath
+from marlflow.train import build_trainer
+from marlflow.trainer import NaNLossError
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / "matrix.yaml"
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+
+@register("bi_parity")
+class Parity(ToyMath):
+    """Reward = output length is odd: reward variance inside every group, so real, non-zero updates."""
+
+    name = "bi_parity"
+
+    def score(self, problems, outputs):
+        return [float(len(o) % 2) for o in outputs]
+
+
+@register("bi_constant")
+class Constant(ToyMath):
+    """Every output gets the same reward: every GRPO group has zero advantage."""
+
+    name = "bi_constant"
+
+    def score(self, problems, outputs):
+        return [1.0] * len(outputs)
+
+
+# ---------------------------------------------------------------- matrix.yaml
+
+
+def _bad_matrix(tmp_path, old, new):
+    text = MATRIX.read_text()
+    assert old in text, old
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    return bad
+
+
+MATRIX_CASES = {
+    "unknown_workflow": ("eval_opt, voting, orch_workers]", "eval_opt, votng, orch_workers]", None,
+                         ["presets.toy.axes.workflow[2]", "'votng'", "Did you mean 'voting'", "Allowed values"]),
+    "misspelled_key": ("group_size: 8", "group_sise: 8", None,
+                       ["presets.toy.grpo.group_sise is not a known key", "Did you mean 'group_size'"]),
+    "wrong_type": ("learning_rate: 2.0e-3", "learning_rate: 2e-3", None,
+                   ["presets.toy.grpo.learning_rate", "'2e-3'", "must be number", "write 2.0e-3"]),
+    "empty_axis": ("seed: [0]", "seed: []", None, ["presets.toy.axes.seed is empty", "list at least one value"]),
+    "unknown_preset": ("toy", "toy", "papr",
+                       ["preset: 'papr' is not a defined preset", "Did you mean 'paper'", "Defined presets: toy"]),
+    "eval_every_gt_steps": ("eval_every: 10", "eval_every: 100", None,
+                            ["presets.toy", "grpo.eval_every is 100 but grpo.steps is 40", "between 1 and steps"]),
+}  # fmt: skip
+
+
+@pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed in this environment")
+@pytest.mark.parametrize("case", list(MATRIX_CASES))
+def test_matrix_error_same_from_snakemake_and_cli(tmp_path, capsys, case):
+    """The row's message, one line, exit 2, no traceback, identical from the CLI and from Snakemake."""
+    old, new, preset, expected = MATRIX_CASES[case]
+    bad = _bad_matrix(tmp_path, old, new)
+    assert M.main([str(bad), *(["--preset", preset] if preset else [])]) == 2
+    cli = capsys.readouterr().err.strip()
+    assert len(cli.splitlines()) == 1 and cli.startswith(f"error: {bad}: ")
+    for part in expected:
+        assert part in cli, (part, cli)
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ['PATH']}"}
+    cfg = [f"matrix={bad}", *([f"preset={preset}"] if preset else [])]
+    out = subprocess.run([str(SNAKEMAKE), "-n", "--profile", "profiles/local", "--config", *cfg], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert cli in out.stderr and "Traceback" not in out.stderr
+
+
+def test_matrix_file_missing(tmp_path, capsys):
+    assert M.main([str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml: file not found; pass the path of the matrix file" in err
+
+
+def test_matrix_file_not_yaml(tmp_path, capsys):
+    bad = _bad_matrix(tmp_path, "  toy:\n", "  toy: [\n")
+    assert M.main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not valid YAML at line" in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the train CLI
+
+
+def _write_cfg(tmp_path, cfg) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(cfg)))
+    return path
+
+
+def _train_main(tmp_path, cfg, capsys) -> tuple[int, str]:
+    """`python -m marlflow.train` in-process: (exit code, stderr); an escaping exception fails the test."""
+    code = T.main(["--config", str(_write_cfg(tmp_path, cfg)), "--out", str(tmp_path / "run")])
+    return code, capsys.readouterr().err
+
+
+def _train_cli(tmp_path, cfg) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(_write_cfg(tmp_path, cfg)),
+           "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+
+
+def _error_line(stderr: str) -> str:
+    """The CLI's one error line (progress bars from transformers may share stderr); no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("marlflow.train:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_model_path_does_not_exist(make_cfg, tmp_path):
+    cfg = dataclasses.replace(make_cfg("single", "sp"), model=str(tmp_path / "models" / "toy"))
+    out = _train_cli(tmp_path, cfg)
+    assert out.returncode == 1
+    line = _error_line(out.stderr)
+    assert f"model folder '{tmp_path / 'models' / 'toy'}' does not exist" in line
+    assert "python -m marlflow.models prepare" in line and "matrix.yaml" in line
+    assert not (tmp_path / "run" / "DONE").exists()
+
+
+def test_model_folder_without_config_json(make_cfg, tmp_path, capsys):
+    (tmp_path / "half-built").mkdir()
+    (tmp_path / "half-built" / "tokenizer.json").write_text("{}")
+    cfg = dataclasses.replace(make_cfg("single", "sp"), model=str(tmp_path / "half-built"))
+    code, err = _train_main(tmp_path, cfg, capsys)
+    assert code == 1
+    line = _error_line(err)
+    assert "exists but has no config.json" in line and "python -m marlflow.models prepare" in line
+
+
+def test_tokenizer_without_chat_template(make_cfg, toy_model_dir, tmp_path):
+    model = tmp_path / "no-template"
+    shutil.copytree(toy_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    out = _train_cli(tmp_path, dataclasses.replace(make_cfg("single", "sp"), model=str(model)))
+    assert out.returncode == 1
+    line = _error_line(out.stderr)
+    assert f"the tokenizer of '{model}' has no chat template" in line
+    assert "set tokenizer.chat_template" in line
+
+
+def test_hub_model_not_cached_offline(make_cfg, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = dataclasses.replace(make_cfg("single", "sp"), model="marlflow-test/no-such-model")
+    code, err = _train_main(tmp_path, cfg, capsys)
+    assert code == 1
+    line = _error_line(err)
+    assert "could not load hub model 'marlflow-test/no-such-model'" in line
+    assert "huggingface-cli download" in line
+
+
+def test_cuda_run_without_gpu(make_cfg, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, err = _train_main(tmp_path, dataclasses.replace(make_cfg("single", "sp"), device="cuda"), capsys)
+    assert code == 1
+    line = _error_line(err)
+    assert "asks for device 'cuda'" in line and "torch sees no CUDA GPU" in line and "profiles/slurm" in line
+
+
+def test_unknown_task_name(make_cfg, tmp_path, capsys):
+    code, err = _train_main(tmp_path, make_cfg("single", "sp", task="toy_mth"), capsys)
+    assert code == 2
+    line = _error_line(err)
+    assert "task 'toy_mth' is not registered" in line and "toy_math" in line and "matrix.yaml" in line
+    assert not (tmp_path / "run").exists()  # failed before any work
+
+
+def test_run_config_not_json(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"run_id": "x", ')
+    assert T.main(["--config", str(bad), "--out", str(tmp_path / "run")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"invalid run config {bad}" in line
+
+
+def _gsm8k_file(path: Path, n: int) -> str:
+    path.write_text(
+        "".join(json.dumps({"question": f"{k}+1?", "answer": f"#### {k + 1}"}) + "\n" for k in range(n))
+    )
+    return str(path)
+
+
+def test_missing_local_dataset_file(make_cfg, tmp_path, capsys):
+    task = TaskSpec(name="gsm8k", train_file=_gsm8k_file(tmp_path / "train.jsonl", 8),
+                    test_file="/nonexistent.jsonl", eval_size=4)  # fmt: skip
+    code, err = _train_main(tmp_path, dataclasses.replace(make_cfg("single", "sp"), task=task), capsys)
+    assert code == 1
+    line = _error_line(err)
+    assert "dataset file '/nonexistent.jsonl' does not exist" in line
+    assert "fix `task.test_file` for this task in matrix.yaml" in line
+    assert not (tmp_path / "run" / "DONE").exists()
+
+
+def test_empty_dataset(make_cfg, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    task = TaskSpec(name="gsm8k", train_file=str(tmp_path / "empty.jsonl"),
+                    test_file=_gsm8k_file(tmp_path / "test.jsonl", 4), eval_size=4)  # fmt: skip
+    code, err = _train_main(tmp_path, dataclasses.replace(make_cfg("single", "sp"), task=task), capsys)
+    assert code == 1
+    line = _error_line(err)
+    assert "task 'gsm8k': the train split is empty" in line and "`task.train_file`" in line
+
+
+# ---------------------------------------------------------------- during training
+
+
+def _ckpt_tensors(run: Path, step: int) -> dict:
+    ckpt = run / "checkpoints" / f"step-{step}" / "adapters"
+    return {
+        str(f.relative_to(ckpt)) + k: v
+        for f in sorted(ckpt.rglob("*.safetensors"))
+        for k, v in load_file(f).items()
+    }
+
+
+def _same(a: dict, b: dict) -> bool:
+    assert a.keys() == b.keys() and a
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_skipped_counted_logged_then_stops(make_cfg, tmp_path, monkeypatch, caplog):
+    """A NaN step is skipped (adapters unchanged), counted (nan_skipped = 1) and logged; max_nan_steps NaN
+    steps in a row stop the run with NaNLossError, and the last complete checkpoint still loads."""
+    cfg = make_cfg("single", "sp", task="bi_parity", steps=5, eval_every=5, save_every=1, max_nan_steps=2)
+    trainer = build_trainer(cfg, tmp_path)
+    orig, nan_steps = trainer._compute_loss, {2, 4, 5}
+
+    def loss(model, inputs):
+        out = orig(model, inputs)
+        return out * float("nan") if trainer.step in nan_steps else out
+
+    monkeypatch.setattr(trainer, "_compute_loss", loss)
+    with (
+        caplog.at_level(logging.WARNING, logger="marlflow.trainer"),
+        pytest.raises(NaNLossError, match="2 consecutive steps had a non-finite loss") as exc,
+    ):
+        trainer.fit()
+    assert "last good checkpoint is kept" in str(exc.value) and "grpo.learning_rate" in str(exc.value)
+    logged = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+    assert [m.split(":")[0] for m in logged] == ["step 2", "step 4", "step 5"]
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["step-1", "step-2", "step-3", "step-4"]  # step 5 never completed; nothing torn left
+    # skipped steps leave the adapters as they were; good steps move them
+    t = {s: _ckpt_tensors(tmp_path, s) for s in (1, 2, 3, 4)}
+    assert _same(t[1], t[2]) and not _same(t[2], t[3]) and _same(t[3], t[4])
+    m = pd.read_parquet(tmp_path / "checkpoints" / "step-4" / "metrics.parquet")
+    skipped = m[(m.metric == "nan_skipped") & (m.role == "all")].set_index("step").value
+    assert skipped.to_dict() == {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}
+    # the last complete checkpoint loads, and a rerun resumes from it
+    again = build_trainer(cfg, tmp_path)
+    assert again.restore() and (again.step, again.nan_streak) == (4, 1)
+
+
+def test_every_group_zero_advantage(make_cfg, tmp_path):
+    """Constant reward: the step runs without error, zero_adv_group_frac = 1, the gradient is exactly 0,
+    so the only parameter change is AdamW's weight decay (none with grpo.weight_decay: 0)."""
+    cfg = make_cfg("voting", "ip", task="bi_constant", steps=1)
+    trainer = build_trainer(cfg, tmp_path)
+    before = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    trainer.train_step(1)
+    m = pd.DataFrame(trainer.metric_rows).set_index(["role", "metric"]).value
+    for role in cfg.role_types:
+        assert m[(role, "zero_adv_group_frac")] == 1.0
+        assert m[(role, "advantage_mean")] == 0.0 and m[(role, "grad_norm")] == 0.0
+    assert m[("all", "nan_skipped")] == 0.0 and m[("all", "grad_norm")] == 0.0
+    decay = 1 - cfg.grpo.learning_rate * cfg.grpo.weight_decay
+    for p, ps in trainer.params.items():
+        for old, new in zip(before[p], ps):
+            torch.testing.assert_close(new.detach(), old * decay, rtol=0, atol=1e-7)

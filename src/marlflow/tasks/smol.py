@@ -48,8 +48,14 @@ def _split(name: str, kind: str, split: str, items: list[tuple[str, str, str, st
     # Shuffled once with a fixed seed so that a truncated eval set still mixes easy and hard problems.
     random.Random(f"{name}-{split}").shuffle(chosen)
     return [
-        Problem(uid=f"{name}-{hashlib.sha256(prompt.encode()).hexdigest()[:10]}", task=name, kind=kind,
-                prompt=prompt, answer=answer, tests=tests)  # fmt: skip
+        Problem(
+            uid=f"{name}-{hashlib.sha256(prompt.encode()).hexdigest()[:10]}",
+            task=name,
+            kind=kind,
+            prompt=prompt,
+            answer=answer,
+            tests=tests,
+        )  # fmt: skip
         for _, prompt, answer, tests in chosen
     ]
 

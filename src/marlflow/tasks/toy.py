@@ -4,7 +4,7 @@ Both are generated from a seed (no files), small enough that a ~1M-parameter mod
 CPU in minutes, and hard enough that a short warm start leaves room for RL:
 
 - toy_math: `8+5-7`, three terms in 1..9; reward 1 if the last `\\boxed{}` equals the value.
-- toy_code: "add 3, multiply by 2, subtract 5" -> `def f(x): ...`; reward 1 if the function passes
+- toy_code: "add 3, multiply by 2, subtract 5" (three steps) -> `def f(x): ...`; reward 1 if the function passes
   five asserts, run in the sandbox like any model-written code.
 
 Train and test problems are disjoint (split by a hash of the problem text). The module also writes the
@@ -116,11 +116,10 @@ register("toy_math")(ToyMath)
 def _code_space():
     steps = [("add", k) for k in range(1, 6)] + [("subtract", k) for k in range(1, 6)]
     steps += [("multiply by", k) for k in range(2, 6)]
-    for n in (2, 3):
-        for ops in itertools.product(steps, repeat=n):
-            prompt = ", ".join(f"{op} {k}" for op, k in ops)
-            tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
-            yield prompt, code_solution(prompt), tests
+    for ops in itertools.product(steps, repeat=3):
+        prompt = ", ".join(f"{op} {k}" for op, k in ops)
+        tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
+        yield prompt, code_solution(prompt), tests
 
 
 def _apply(ops, x: int) -> int:

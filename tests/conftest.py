@@ -16,7 +16,7 @@ def toy_model_dir(tmp_path_factory):
     from marlflow.models import build_toy
 
     out = tmp_path_factory.mktemp("toy-model")
-    build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0)
+    build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 from marlflow import models
 from marlflow.workflows import prompts
 
-TINY = {"steps": 3, "batch_size": 8, "eval_n": 0}
+TINY = {"steps": 3, "batch_size": 8, "eval_n": 0, "solve_steps": 0}
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,11 @@ def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     written = []
     real = models.atomic_write_json
     monkeypatch.setattr(models, "atomic_write_json", lambda p, o: (written.append(p.name), real(p, o)))
-    ready = models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0)
+    ready = models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0)
     assert written[-1] == "READY" and json.loads((tmp_path / "READY").read_text()) == ready
     assert ready["toy_version"] == models.toy_version() and ready["model"] == str(tmp_path.resolve())
     stamp = (tmp_path / "model.safetensors").stat().st_mtime_ns
-    models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0)
+    models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0)
     assert (tmp_path / "model.safetensors").stat().st_mtime_ns == stamp  # same version: not rebuilt
 
 

@@ -181,12 +181,12 @@ def warm_start(model, phases, pad_id: int, batch_size: int, lr: float, seed: int
 # Extra examples of the solving roles (the task skill: reading numbers, doing arithmetic) are mixed into
 # the role-format corpus; without them a ~1M model stays on the copy-from-prompt plateau within budget.
 SOLVE_MIX = {"generator": 3.0, "worker": 1.0, "refinement": 0.5}
-# Copying a description into code is learned far faster than arithmetic, so the extra examples are math.
-SOLVE_TASK_SHARE = {"toy_math": 1.0, "toy_code": 0.0}
+# Copying a description into code is learned far faster than arithmetic, so the extra examples are mostly math.
+SOLVE_TASK_SHARE = {"toy_math": 0.8, "toy_code": 0.2}
 
 
-def build_toy(out: str | Path, seed: int = 0, steps: int = 800, batch_size: int = 16, lr: float = 5e-3,
-              eval_n: int = 200, solve_steps: int = 0) -> dict:  # fmt: skip
+def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int = 32, lr: float = 3e-3,
+              eval_n: int = 200, solve_steps: int = 800) -> dict:  # fmt: skip
     """Build, warm-start, save and measure the toy model; returns what warmstart.json records."""
     from marlflow.config import TaskSpec
     from marlflow.tasks import get_task
@@ -307,18 +307,25 @@ def convert_smol(out: Path) -> None:
 
 
 def prepare(
-    scale: str, model: str, out: str | Path, seed: int = 0, steps: int = 800, eval_n: int = 200
+    scale: str,
+    model: str,
+    out: str | Path,
+    seed: int = 0,
+    steps: int = 400,
+    eval_n: int = 200,
+    solve_steps: int = 800,
 ) -> dict:
     """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy."""
     out = Path(out)
     ready = {"scale": scale, "versions": _versions()}
     if scale == "toy":
-        ready |= {"model": str(out.resolve()), "toy_version": toy_version(), "seed": seed, "steps": steps}
+        ready |= {"model": str(out.resolve()), "toy_version": toy_version(), "seed": seed, "steps": steps,
+                  "solve_steps": solve_steps}  # fmt: skip
         old = _read_ready(out)
-        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", "steps")):
+        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", "steps", "solve_steps")):
             return old  # built from the same prompts and code: nothing to do
         (out / "READY").unlink(missing_ok=True)
-        build_toy(out, seed=seed, steps=steps, eval_n=eval_n)
+        build_toy(out, seed=seed, steps=steps, eval_n=eval_n, solve_steps=solve_steps)
     elif scale == "smol":
         (out / "READY").unlink(missing_ok=True)
         convert_smol(out)
@@ -429,15 +436,20 @@ def main(argv=None) -> None:
     for p in (toy, prep):
         p.add_argument("--out", required=True, type=Path)
         p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--steps", type=int, default=800, help="toy warm-start steps")
+        p.add_argument(
+            "--steps", type=int, default=400, help="toy warm-start steps on the role-format corpus"
+        )
+        p.add_argument("--solve-steps", type=int, default=800, help="toy: extra steps' worth of math solving")
         p.add_argument(
             "--eval-n", type=int, default=200, help="toy: test problems per task to measure roles on"
         )
     args = ap.parse_args(argv)
     if args.cmd == "build-toy":
-        info = build_toy(args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n)
+        info = build_toy(args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n,
+                         solve_steps=args.solve_steps)  # fmt: skip
     else:
-        info = prepare(args.scale, args.model, args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n)
+        info = prepare(args.scale, args.model, args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n,
+                       solve_steps=args.solve_steps)  # fmt: skip
     print(json.dumps(info, indent=2))
 
 

@@ -31,7 +31,7 @@ ROLE_MIX = {
     "evaluator": 1.0,
     "aggregator": 0.7,
     "orchestrator": 0.3,
-    "synthesizer": 0.7,
+    "synthesizer": 2.0,
 }
 _STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
 

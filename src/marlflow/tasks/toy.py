@@ -27,6 +27,14 @@ MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer")
 CODE_STRATEGIES = ("step by step", "one expression", "a lambda")
 _CODE_OPS = {"add": "+", "subtract": "-", "multiply by": "*"}
 _TEST_XS = (0, 1, 2, 5, -3)
+# The warm-start generator answers in a mix of styles whose accuracy differs (writing intermediate results
+# is more reliable than the bare answer; a statement per step more than one nested expression). Which
+# style to prefer is exactly the kind of behaviour RL can learn from a few hundred episodes, as with real
+# models, whereas new arithmetic facts would take far more.
+GENERATOR_STYLES = {
+    "math": {"left to right": 0.5, "just the answer": 0.5},
+    "code": {"step by step": 0.5, "one expression": 0.5},
+}
 
 
 def _is_test(text: str) -> bool:
@@ -104,8 +112,10 @@ class ToyMath:
         return [float((self.extract(o) or "").strip() == p.answer) for p, o in zip(problems, outputs)]
 
     def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
+        """A worked solution; with no strategy given, the style a generator uses (see GENERATOR_STYLES)."""
+        strategy = strategy or rng.choices(*zip(*GENERATOR_STYLES["math"].items()))[0]
         err = rng.randrange(len(_math_terms(problem.prompt)) - 1) if rng.random() < p_wrong else None
-        return math_solution(problem.prompt, strategy or MATH_STRATEGIES[0], err, rng.choice((-2, -1, 1, 2)))
+        return math_solution(problem.prompt, strategy, err, rng.choice((-2, -1, 1, 2)))
 
 
 register("toy_math")(ToyMath)
@@ -172,9 +182,11 @@ class ToyCode:
         return [float(r.passed) for r in results]
 
     def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
+        """A function; with no strategy given, the style a generator uses (see GENERATOR_STYLES)."""
+        strategy = strategy or rng.choices(*zip(*GENERATOR_STYLES["code"].items()))[0]
         n = len(_code_ops(problem.prompt))
         err = rng.randrange(n) if rng.random() < p_wrong else None
-        return code_solution(problem.prompt, strategy or CODE_STRATEGIES[0], err, rng.choice((-1, 1, 2)))
+        return code_solution(problem.prompt, strategy, err, rng.choice((-1, 1, 2)))
 
 
 register("toy_code")(ToyCode)

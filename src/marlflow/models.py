@@ -208,7 +208,7 @@ def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int 
     t_data = time.time() - t0
     # One shuffled phase: training the solving skill first and the role formats after made the second
     # phase overwrite the first (measured: math generator 0.53 -> 0.10 greedy).
-    phases = [(rows + encode(tok, solving), steps + solve_steps)]
+    phases = [(rows + (encode(tok, solving) if solving else []), steps + solve_steps)]
     losses = warm_start(model, phases, tok.pad_token_id, batch_size, lr, seed)
     build_s = time.time() - t0
     out = Path(out)

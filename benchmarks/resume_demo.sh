@@ -18,8 +18,13 @@ for name in uninterrupted interrupted; do
     git -C "$repo" worktree add --detach -q "$work/$name" HEAD 2>/dev/null || cp -r "$repo" "$work/$name"
     rm -rf "$work/$name/results" && mkdir -p "$work/$name/results"
 done
-# Build the shared model once (in the uninterrupted copy), then give the other copy the same files.
-(cd "$work/uninterrupted" && "${snake[@]}" results/models/toy/READY >/dev/null 2>&1)
+# Build the shared model once (in the uninterrupted copy) unless MODEL_DIR points at a built one, then give
+# the other copy the same files.
+if [ -n "${MODEL_DIR:-}" ]; then
+    mkdir -p "$work/uninterrupted/results/models" && cp -r "$MODEL_DIR" "$work/uninterrupted/results/models/toy"
+else
+    (cd "$work/uninterrupted" && "${snake[@]}" results/models/toy/READY >/dev/null 2>&1)
+fi
 cp -r "$work/uninterrupted/results/models" "$work/interrupted/results/"
 touch "$work/interrupted/results/models/toy/READY"
 

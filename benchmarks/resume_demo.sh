@@ -40,6 +40,8 @@ kill -KILL -- "-$leader" 2>/dev/null || true # the whole process group: snakemak
 wait "$leader" 2>/dev/null || true
 echo "killed after ${kill_after}s; finished runs then: $(ls results/runs/*/DONE 2>/dev/null | wc -l)," \
     "checkpoints: $(ls -d results/runs/*/checkpoints/step-* 2>/dev/null | wc -l)"
+# A SIGKILLed Snakemake cannot remove its lock; --unlock clears it (jobs' own outputs are untouched).
+"${snake[@]}" --unlock >/dev/null 2>&1
 "${snake[@]}" >"$work/interrupted-2.log" 2>&1
 echo "rerun: $(grep -c 'rule train:' "$work/interrupted-2.log" || true) train jobs scheduled"
 

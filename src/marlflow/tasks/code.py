@@ -41,7 +41,7 @@ def extract_code(text: str | None) -> str | None:
     return text.strip("\n").rstrip() + "\n"
 
 
-class _CodeTask:
+class CodeTask:
     kind = "code"
     name = ""
     timeout = 5.0  # seconds per program (per stdio case for deepcoder)
@@ -72,7 +72,7 @@ MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "
 
 
 @register("mbpp")
-class MBPP(_CodeTask):
+class MBPP(CodeTask):
     name = "mbpp"
     timeout = 10.0  # the slowest reference (task 123) needs ~5 CPU-seconds
     hub_id, hub_config = "google-research-datasets/mbpp", "full"
@@ -97,7 +97,7 @@ class MBPP(_CodeTask):
 
 
 @register("humaneval")
-class HumanEval(_CodeTask):
+class HumanEval(CodeTask):
     name = "humaneval"
     hub_id = "openai/openai_humaneval"
 
@@ -166,7 +166,7 @@ def deepcoder_tests(raw) -> str:
 
 
 @register("deepcoder")
-class DeepCoder(_CodeTask):
+class DeepCoder(CodeTask):
     name = "deepcoder"
     hub_id, hub_config = "agentica-org/DeepCoder-Preview-Dataset", "primeintellect"
     timeout = 6.0

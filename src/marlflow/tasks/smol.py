@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 
 from marlflow.tasks import Problem, register
-from marlflow.tasks.code import extract_code
+from marlflow.tasks.code import CodeTask
 from marlflow.tasks.math import last_boxed
 from marlflow.tasks.toy import _is_test
 
@@ -122,23 +122,15 @@ def _code_items() -> list[tuple[str, str, str, str]]:
     return items
 
 
-class SmolCode:
+class SmolCode(CodeTask):
+    """Scored like every code task: the extracted program plus the asserts, in the sandbox."""
+
     name, kind = "smol_code", "code"
 
     def load(self, split: str, spec) -> list[Problem]:
         problems = _split(self.name, self.kind, split, _code_items())
         # The function name is fixed by the prompt; HumanEval-style callers read entry_point.
         return [Problem(**{**p.__dict__, "entry_point": "f"}) for p in _cap(problems, split, spec)]
-
-    def extract(self, text: str) -> str | None:
-        return extract_code(text)
-
-    def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
-        from marlflow.sandbox import verify_many
-
-        codes = [self.extract(o) or "" for o in outputs]
-        results = verify_many([(c, p.tests) for c, p in zip(codes, problems)], timeout=5.0)
-        return [float(r.passed) for r in results]
 
 
 register("smol_code")(SmolCode)

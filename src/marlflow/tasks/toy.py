@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from marlflow.tasks import Problem, register
-from marlflow.tasks.code import extract_code
+from marlflow.tasks.code import CodeTask
 from marlflow.tasks.math import last_boxed
 
 MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer")
@@ -163,23 +163,15 @@ def code_solution(
     return f"```python\n{src}\n```"
 
 
-class ToyCode:
+class ToyCode(CodeTask):
+    """Scored like every code task: the extracted program plus the asserts, in the sandbox."""
+
     name, kind = "toy_code", "code"
     strategies = CODE_STRATEGIES
 
     def load(self, split: str, spec) -> list[Problem]:
         n = spec.eval_size if split == "test" else (spec.train_size or 4000)
         return _generate("code", split, n, _code_space)
-
-    def extract(self, text: str) -> str | None:
-        return extract_code(text)
-
-    def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
-        from marlflow.sandbox import verify_many
-
-        codes = [self.extract(o) or "" for o in outputs]
-        results = verify_many([(c, p.tests) for c, p in zip(codes, problems)], timeout=5.0)
-        return [float(r.passed) for r in results]
 
     def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
         """A function; with no strategy given, the style a generator uses (see GENERATOR_STYLES)."""

@@ -34,7 +34,8 @@ def job_counts(text):
 
 
 def test_local_default_plans_toy():
-    out = snakemake("-n", "--profile", "profiles/local")
+    # --forceall: the plan must not depend on what an earlier run left in results/
+    out = snakemake("-n", "--forceall", "--profile", "profiles/local")
     assert job_counts(out.stdout) == {
         "models": 1,
         "run_config": 14,
@@ -46,7 +47,7 @@ def test_local_default_plans_toy():
 
 
 def test_local_paper_plans_42():
-    out = snakemake("-n", "--profile", "profiles/local", "--config", "preset=paper")
+    out = snakemake("-n", "--forceall", "--profile", "profiles/local", "--config", "preset=paper")
     counts = job_counts(out.stdout)
     assert counts["train"] == 42 and counts["models"] == 3
 

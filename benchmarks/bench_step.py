@@ -11,6 +11,7 @@ Threads: 1 per job, as in the local profile (two jobs share the 2 cores).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import tempfile
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
     sheet = sheet[sheet.task == args.task]
     results = {}
     for run_id, row in sheet.iterrows():
-        cfg = RunConfig.from_dict({**__import__("json").loads(row.config), "model": args.model})
+        cfg = RunConfig.from_dict({**json.loads(row.config), "model": args.model})
         results[run_id] = bench(cfg, args.steps)
     base = next(v["step_time"] for k, v in results.items() if k.startswith("single"))
     print(f"machine: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}; "

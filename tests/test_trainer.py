@@ -17,7 +17,7 @@ from marlflow.metrics import METRIC_COLUMNS, validate_metrics
 from marlflow.tasks import Problem, register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer, run
-from marlflow.workflows import Call, Episode
+from marlflow.workflows import Call, Episode, rollout
 
 
 @register("parity")
@@ -89,9 +89,7 @@ def test_generation_is_batched_per_stage(make_cfg, tmp_path, workflow):
 
 def test_ip_update_touches_only_its_own_adapter(make_cfg, tmp_path):
     trainer = build_trainer(make_cfg("voting", "ip", task="parity"), tmp_path)
-    episodes = __import__("marlflow.workflows", fromlist=["rollout"]).rollout(
-        trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4
-    )
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
     calls, _, adv, _, _ = trainer.flatten(episodes)
     only = [i for i, c in enumerate(calls) if c.role == "aggregator"]
     assert adv[only].abs().sum() > 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marlflow.tasks.toy import last_boxed
+from marlflow.tasks.math import last_boxed
 from marlflow.workflows import prompts
 
 ROLES = ("generator", "evaluator", "refinement", "aggregator", "orchestrator", "worker", "synthesizer")

@@ -68,7 +68,27 @@ def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     assert (tmp_path / "model.safetensors").stat().st_mtime_ns == stamp  # same version: not rebuilt
 
 
-def test_prepare_hub_writes_pointer_without_download(tmp_path):
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """A real Hugging Face cache layout holding only config.json of the given hub ids (no weights)."""
+    from huggingface_hub import constants
+
+    root = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+
+    def add(*ids):
+        for repo in ids:
+            folder = root / f"models--{repo.replace('/', '--')}"
+            (folder / "refs").mkdir(parents=True)
+            (folder / "refs" / "main").write_text("0" * 40)
+            (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+            (folder / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+
+    return add
+
+
+def test_prepare_hub_writes_pointer_without_download(tmp_path, hub_cache):
+    hub_cache("Qwen/Qwen3-0.6B")
     ready = models.prepare("0.6b", "Qwen/Qwen3-0.6B", tmp_path / "m")
     assert ready["model"] == "Qwen/Qwen3-0.6B" and (tmp_path / "m" / "READY").exists()
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["READY"]
@@ -118,6 +138,17 @@ def test_cuda_requested_without_cuda(toy_dir, monkeypatch):
         models.load_model_and_tokenizer(str(toy_dir), device="cuda")
 
 
-def test_hub_pointer_folder_resolves_to_id(tmp_path):
+def test_prepare_rejects_a_hub_id_it_cannot_load_offline(tmp_path, hub_cache, monkeypatch):
+    """A well-formed but wrong id (a typo) fails in prepare, before any GPU job is queued."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_cache("Qwen/Qwen3-0.6B")
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache") as err:
+        models.prepare("0.6b", "Qwen/Qwen3-0.6X", tmp_path / "m")
+    assert "Qwen/Qwen3-0.6X" in str(err.value) and "hf download" in str(err.value)
+    assert "matrix.yaml" in str(err.value) and not (tmp_path / "m" / "READY").exists()
+
+
+def test_hub_pointer_folder_resolves_to_id(tmp_path, hub_cache):
+    hub_cache("Qwen/Qwen3-4B")
     models.prepare("4b", "Qwen/Qwen3-4B", tmp_path)
     assert models._resolve(str(tmp_path)) == ("Qwen/Qwen3-4B", True)

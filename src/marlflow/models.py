@@ -180,9 +180,9 @@ def warm_start(model, phases, pad_id: int, batch_size: int, lr: float, seed: int
 
 # Extra examples of the solving roles (the task skill: reading numbers, doing arithmetic) are mixed into
 # the role-format corpus; without them a ~1M model stays on the copy-from-prompt plateau within budget.
-SOLVE_MIX = {"generator": 3.0, "worker": 1.0, "refinement": 0.5}
+SOLVE_MIX = {"generator": 3.0, "worker": 1.5, "refinement": 0.5}
 # Copying a description into code is learned far faster than arithmetic, so the extra examples are mostly math.
-SOLVE_TASK_SHARE = {"toy_math": 0.8, "toy_code": 0.2}
+SOLVE_TASK_SHARE = {"toy_math": 0.75, "toy_code": 0.25}
 
 
 def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int = 32, lr: float = 3e-3,
@@ -335,6 +335,7 @@ def prepare(
         if local.is_dir() and (local / "config.json").exists():
             ready["model"] = str(local.resolve())
         elif _HUB_ID.match(model) and not model.startswith("."):
+            _check_hub_model(model, scale)
             ready["model"] = model  # a pointer: weights come from the hub cache when training starts
         else:
             raise ValueError(
@@ -343,6 +344,38 @@ def prepare(
             )
     atomic_write_json(out / "READY", ready)
     return ready
+
+
+def _check_hub_model(model: str, scale: str) -> None:
+    """Fail before any GPU job is queued if hub id `model` cannot be loaded later.
+
+    Offline (HF_HUB_OFFLINE=1, as on most compute nodes) the model's config.json must already be in the
+    local Hugging Face cache; online the hub must know the repository. Nothing is downloaded here."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    fix = f"fix the model of scale {scale} in matrix.yaml"
+    if _offline():
+        raise ValueError(
+            f"hub model {model!r} (scale {scale}) is not in the local Hugging Face cache and HF_HUB_OFFLINE=1, "
+            f"so training could not load it. Download it once where there is network access (`hf download "
+            f"{model}`, into the cache the compute nodes read: HF_HOME / HF_HUB_CACHE), or {fix}"
+        )
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(model)
+    except GatedRepoError as err:
+        raise ValueError(
+            f"hub model {model!r} is gated: accept its licence on huggingface.co and log in (`hf auth login`). "
+            f"({err})"
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise ValueError(
+            f"hub model {model!r} (scale {scale}) does not exist on the Hugging Face hub (or is private); {fix}"
+        ) from err
 
 
 # ---------------------------------------------------------------- loading (used by the trainer)

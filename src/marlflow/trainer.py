@@ -86,6 +86,15 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
     )
 
 
+def _pieces(ridx: list[int], calls, mb: int) -> list[list[int]]:
+    """A role's calls in forward-backward chunks: per slot (calls of one slot have similar lengths, so
+    little padding; Eval-Opt's refinement prompts are ~5x its first prompt), at most `mb` calls each."""
+    by_slot: dict[str, list[int]] = defaultdict(list)
+    for i in ridx:
+        by_slot[calls[i].slot].append(i)
+    return [idx[s : s + mb] for idx in by_slot.values() for s in range(0, len(idx), mb)]
+
+
 class MultiAgentGRPOTrainer(GRPOTrainer):
     """GRPO over workflow episodes with one LoRA adapter per policy on one frozen base model.
 
@@ -212,8 +221,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for role in dict.fromkeys(calls[i].role for i in idx):
                 ridx = [i for i in idx if calls[i].role == role]
                 role_loss, ent, clip = 0.0, [], []
-                for s in range(0, len(ridx), mb):
-                    piece = ridx[s : s + mb]
+                for piece in _pieces(ridx, calls, mb):
                     pcalls = [calls[i] for i in piece]
                     tok = sum(len(c.completion_ids) for c in pcalls)
                     inputs = self.collate(pcalls, adv[piece], tok_pol)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from marlflow.tasks.math import last_boxed
+from marlflow.tasks.toy import CARELESS, generator_style
 from marlflow.workflows import prompts
 
 ROLES = ("generator", "evaluator", "refinement", "aggregator", "orchestrator", "worker", "synthesizer")
@@ -46,67 +47,79 @@ class Example:
     meta: dict = field(default_factory=dict)  # what the role-specific check needs (truth, good picks)
 
 
-def _sol(task, p, rng, correct: bool, strategy: str | None = None) -> str:
-    return task.solution(p, strategy, rng, 0.0 if correct else 1.0)
+def _authored(task, p, rng, strategy: str | None = None, slip: bool = False) -> tuple[str, bool]:
+    """(solution, is it correct): in `strategy`, or in a generator's style; careless styles are always wrong."""
+    strategy = strategy or generator_style(task.kind, rng)
+    if strategy in CARELESS:
+        return task.solution(p, strategy, rng, 0.0), False  # a slip on top could land on the right answer
+    return task.solution(p, strategy, rng, float(slip)), not slip
 
 
 def _critique(wrong: str, gold: str) -> str:
     # Name the first step that differs: the toy formats separate steps with ';'.
-    for i, (a, b) in enumerate(zip(wrong.split(";"), gold.split(";")), 1):
-        if a != b:
-            return f"\\boxed{{Incorrect}} Step {i} is wrong."
+    if wrong.count(";") == gold.count(";"):
+        for i, (a, b) in enumerate(zip(wrong.split(";"), gold.split(";")), 1):
+            if a != b:
+                return f"\\boxed{{Incorrect}} Step {i} is wrong."
     return "\\boxed{Incorrect} The result is wrong."
 
 
 def _example(role: str, task, p, rng: random.Random) -> Example:
-    kind, gold = task.kind, task.solution(p, None, rng, 0.0)
+    kind, careful = task.kind, task.strategies[0]
+    gold = task.solution(p, careful, rng, 0.0)
     ex = Example(role, task.name, [], gold, p)
     if role == "generator":
         ex.messages = prompts.solve(kind, p.prompt)
+        ex.target, _ = _authored(task, p, rng)  # mostly careless: see tasks.toy.CARELESS
     elif role == "evaluator":
-        truth = rng.random() < 0.5
-        sol = gold if truth else _sol(task, p, rng, False)
+        sol, truth = _authored(task, p, rng, slip=rng.random() < 0.3)
         ex.messages = prompts.evaluate(kind, p.prompt, [*prompts.solve(kind, p.prompt), _asst(sol)])
         ex.target = "\\boxed{Correct}" if truth else _critique(sol, gold)
         ex.meta = {"truth": truth}
     elif role == "refinement":
-        wrong = _sol(task, p, rng, False)
+        wrong, _ = _authored(task, p, rng, slip=True)
         judged = prompts.evaluate(kind, p.prompt, [*prompts.solve(kind, p.prompt), _asst(wrong)])
         ex.messages = prompts.refine(kind, [*judged, _asst(_critique(wrong, gold))])
+        ex.target = gold  # a fix is worked out carefully
     elif role == "aggregator":
-        ok = [rng.random() < 0.4 for _ in range(3)]
-        ex.messages = prompts.aggregate(kind, p.prompt, [_sol(task, p, rng, c) for c in ok])
-        good = [i + 1 for i, c in enumerate(ok) if c]
+        cands = [_authored(task, p, rng, slip=rng.random() < 0.3) for _ in range(3)]
+        ex.messages = prompts.aggregate(kind, p.prompt, [s for s, _ in cands])
+        good = [i + 1 for i, (_, ok) in enumerate(cands) if ok]
         ex.target = f"\\boxed{{{rng.choice(good or [1, 2, 3])}}}"
         ex.meta = {"good": good}
     elif role == "orchestrator":
-        chosen = rng.sample(list(task.strategies), 3 if rng.random() < 0.7 else 2)
         ex.messages = prompts.orchestrate(kind, p.prompt, 3)
-        ex.target = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(chosen, 1))
+        ex.target = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(_strategies(task, rng), 1))
     elif role == "worker":
         strategy = rng.choice(task.strategies)
         ex.messages = prompts.work(kind, p.prompt, strategy)
-        ex.target = task.solution(p, strategy, rng, 0.0)
+        ex.target, _ = _authored(task, p, rng, strategy)
     elif role == "synthesizer":
-        ok = [rng.random() < 0.5 for _ in range(3)]
-        sols = [_sol(task, p, rng, c, rng.choice(task.strategies)) for c in ok]
+        sols = [_authored(task, p, rng, s)[0] for s in _strategies(task, rng)]
         ex.messages = prompts.synthesize(kind, p.prompt, sols)
-        ex.target = _synthesis(kind, sols, ok, gold)
+        ex.target = _synthesis(kind, sols)
     else:
         raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
     return ex
+
+
+def _strategies(task, rng: random.Random) -> list[str]:
+    # An orchestrator of the corpus lists 2 or 3 of the task's strategies in random order.
+    return rng.sample(list(task.strategies), 3 if rng.random() < 0.7 else 2)
 
 
 def _asst(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def _synthesis(kind: str, sols: list[str], ok: list[bool], gold: str) -> str:
-    if kind == "math":
-        (answer, count), *_ = Counter(last_boxed(s) for s in sols).most_common(1)
-        return f"\\boxed{{{answer if count >= 2 else last_boxed(gold)}}}"
-    # Code: copy a candidate when the correct ones agree (are the majority), else write the gold function.
-    return next(s for s, c in zip(sols, ok) if c) if sum(ok) >= 2 else gold
+def _synthesis(kind: str, sols: list[str]) -> str:
+    # Agreement means confidence: the answer two candidates share, else the first candidate's. Naive on
+    # purpose (a ~1M model can copy and compare, not re-solve), so the order of the orchestrator's
+    # strategies matters and is something RL can improve.
+    key = (lambda s: last_boxed(s)) if kind == "math" else (lambda s: s)
+    (top, count), *_ = Counter(key(s) for s in sols).most_common(1)
+    pick = next(s for s in sols if key(s) == top) if count >= 2 else sols[0]
+    return f"\\boxed{{{last_boxed(pick)}}}" if kind == "math" else pick
 
 
 def build_examples(

@@ -23,18 +23,29 @@ from marlflow.tasks import Problem, register
 from marlflow.tasks.code import CodeTask
 from marlflow.tasks.math import last_boxed
 
-MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer")
-CODE_STRATEGIES = ("step by step", "one expression", "a lambda")
+MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer", "add all the numbers")
+CODE_STRATEGIES = ("step by step", "one expression", "a lambda", "a quick lambda")
 _CODE_OPS = {"add": "+", "subtract": "-", "multiply by": "*"}
 _TEST_XS = (0, 1, 2, 5, -3)
-# The warm-start generator answers in a mix of styles whose accuracy differs (writing intermediate results
-# is more reliable than the bare answer; a statement per step more than one nested expression). Which
-# style to prefer is exactly the kind of behaviour RL can learn from a few hundred episodes, as with real
-# models, whereas new arithmetic facts would take far more.
+# The behaviour RL is meant to find at toy scale. The warm-start corpus, like text from careful and careless
+# authors, has two kinds of solution: worked ones, and one common misconception per task (CARELESS): adding
+# every number whatever its sign, or a one-line lambda that forgets operator precedence. Every problem of
+# the toy spaces has a minus sign / a multiplication after an addition, so a careless solution is always
+# wrong. The warm-started generator picks the careless style most of the time (GENERATOR_STYLES); choosing
+# the worked style is a decision a few hundred rewarded episodes can teach (as with real models choosing
+# to reason), whereas new arithmetic facts would take far more. Workers are told a strategy, so in
+# Orch-Workers the same lever is the orchestrator's choice of strategies.
+CARELESS = frozenset({"add all the numbers", "a quick lambda"})
 GENERATOR_STYLES = {
-    "math": {"left to right": 0.5, "just the answer": 0.5},
-    "code": {"step by step": 0.5, "one expression": 0.5},
+    "math": {"left to right": 0.3, "add all the numbers": 0.7},
+    "code": {"step by step": 0.3, "a quick lambda": 0.7},
 }
+
+
+def generator_style(kind: str, rng: random.Random) -> str:
+    """A style drawn as the warm-start corpus's generator answers draw theirs."""
+    styles = GENERATOR_STYLES[kind]
+    return rng.choices(list(styles), weights=list(styles.values()))[0]
 
 
 def _is_test(text: str) -> bool:
@@ -67,6 +78,8 @@ def _generate(kind: str, split: str, n: int, space) -> list[Problem]:
 def _math_space():
     for a, b, c in itertools.product(range(1, 10), repeat=3):
         for s1, s2 in itertools.product("+-", repeat=2):
+            if "-" not in s1 + s2:
+                continue  # all-plus sums would make "add all the numbers" right
             prompt = f"{a}{s1}{b}{s2}{c}"
             yield prompt, str(eval(prompt)), ""  # noqa: S307 - our own generated arithmetic, not model output
 
@@ -78,8 +91,11 @@ def _math_terms(prompt: str) -> list[int]:
 def math_solution(
     prompt: str, strategy: str = MATH_STRATEGIES[0], error_at: int | None = None, delta: int = 1
 ):
-    """Gold (or deliberately wrong, if `error_at` is set) worked solution in the toy format."""
+    """Gold (or deliberately wrong, if `error_at` is set) solution in the toy format; "add all the
+    numbers" is the careless misconception (signs ignored), wrong on every toy_math problem."""
     terms = _math_terms(prompt)
+    if strategy == "add all the numbers":
+        return f"\\boxed{{{sum(abs(t) for t in terms) + (0 if error_at is None else delta)}}}"
     if strategy == "add then subtract":
         pos, neg = sum(t for t in terms if t > 0), -sum(t for t in terms if t < 0)
         steps = [pos, neg]
@@ -111,9 +127,8 @@ class ToyMath:
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
         return [float((self.extract(o) or "").strip() == p.answer) for p, o in zip(problems, outputs)]
 
-    def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
-        """A worked solution; with no strategy given, the style a generator uses (see GENERATOR_STYLES)."""
-        strategy = strategy or rng.choices(*zip(*GENERATOR_STYLES["math"].items()))[0]
+    def solution(self, problem: Problem, strategy: str, rng: random.Random, p_wrong: float) -> str:
+        """A solution in `strategy`, with a slip with probability `p_wrong` (CARELESS ones are wrong anyway)."""
         err = rng.randrange(len(_math_terms(problem.prompt)) - 1) if rng.random() < p_wrong else None
         return math_solution(problem.prompt, strategy, err, rng.choice((-2, -1, 1, 2)))
 
@@ -127,6 +142,11 @@ def _code_space():
     steps = [("add", k) for k in range(1, 6)] + [("subtract", k) for k in range(1, 6)]
     steps += [("multiply by", k) for k in range(2, 6)]
     for ops in itertools.product(steps, repeat=3):
+        kinds = [op for op, _ in ops]
+        if not any(
+            k == "multiply by" and any(o != "multiply by" for o in kinds[:i]) for i, k in enumerate(kinds)
+        ):
+            continue  # without a multiplication after an addition, "a quick lambda" would be right
         prompt = ", ".join(f"{op} {k}" for op, k in ops)
         tests = "\n".join(f"assert f({x}) == {_apply(ops, x)}" for x in _TEST_XS)
         yield prompt, code_solution(prompt), tests
@@ -145,7 +165,8 @@ def _code_ops(prompt: str) -> list[tuple[str, int]]:
 def code_solution(
     prompt: str, strategy: str = CODE_STRATEGIES[0], error_at: int | None = None, delta: int = 1
 ):
-    """Gold (or wrong, if `error_at` is set: that step's constant is off by `delta`) function text."""
+    """Gold (or wrong, if `error_at` is set: that step's constant is off by `delta`) function text; "a quick
+    lambda" is the careless misconception (no parentheses), wrong on every toy_code problem."""
     ops = [
         (_CODE_OPS[op], k + (delta if i == error_at else 0)) for i, (op, k) in enumerate(_code_ops(prompt))
     ]
@@ -156,7 +177,7 @@ def code_solution(
     else:
         expr = "x"
         for s, k in ops:
-            if s == "*" and ("+" in expr or "-" in expr):
+            if s == "*" and ("+" in expr or "-" in expr) and strategy != "a quick lambda":
                 expr = f"({expr})"
             expr = f"{expr} {s} {k}"
         src = f"def f(x): return {expr}" if strategy == "one expression" else f"f = lambda x: {expr}"
@@ -173,9 +194,8 @@ class ToyCode(CodeTask):
         n = spec.eval_size if split == "test" else (spec.train_size or 4000)
         return _generate("code", split, n, _code_space)
 
-    def solution(self, problem: Problem, strategy: str | None, rng: random.Random, p_wrong: float) -> str:
-        """A function; with no strategy given, the style a generator uses (see GENERATOR_STYLES)."""
-        strategy = strategy or rng.choices(*zip(*GENERATOR_STYLES["code"].items()))[0]
+    def solution(self, problem: Problem, strategy: str, rng: random.Random, p_wrong: float) -> str:
+        """As ToyMath.solution: a function in `strategy`; a slip makes one step's constant off."""
         n = len(_code_ops(problem.prompt))
         err = rng.randrange(n) if rng.random() < p_wrong else None
         return code_solution(problem.prompt, strategy, err, rng.choice((-1, 1, 2)))

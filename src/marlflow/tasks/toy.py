@@ -37,8 +37,8 @@ _TEST_XS = (0, 1, 2, 5, -3)
 # Orch-Workers the same lever is the orchestrator's choice of strategies.
 CARELESS = frozenset({"add all the numbers", "a quick lambda"})
 GENERATOR_STYLES = {
-    "math": {"left to right": 0.3, "add all the numbers": 0.7},
-    "code": {"step by step": 0.3, "a quick lambda": 0.7},
+    "math": {"left to right": 0.45, "add all the numbers": 0.55},
+    "code": {"step by step": 0.45, "a quick lambda": 0.55},
 }
 
 
@@ -102,15 +102,18 @@ def math_solution(
         if error_at is not None:
             steps[min(error_at, 1)] += delta
         return f"+{steps[0]};-{steps[1]};\\boxed{{{steps[0] - steps[1]}}}"
-    running, steps = terms[0], []
+    running, steps, lines = terms[0], [], []
     for k, t in enumerate(terms[1:]):
+        before = running
         running += t
         if error_at == k:
             running += delta
         steps.append(running)
+        # Each step restates its operands ("8-8=0"), so every sum is local to the tokens before it.
+        lines.append(f"{before}{t:+d}={running}")
     if strategy == "just the answer":
         return f"\\boxed{{{steps[-1]}}}"
-    return ";".join(str(s) for s in steps[:-1]) + f";\\boxed{{{steps[-1]}}}"
+    return ";".join(lines) + f";\\boxed{{{steps[-1]}}}"
 
 
 class ToyMath:

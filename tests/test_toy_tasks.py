@@ -84,3 +84,12 @@ def test_every_role_example_is_scored(name):
         assert scores is not None and len(scores) == len(ex)
         if role in ("evaluator", "orchestrator", "refinement"):
             assert all(scores), role  # the corpus's own answer for these roles is right by construction
+
+
+@pytest.mark.parametrize("name", TOY)
+def test_careless_detector_tells_the_two_styles_apart(name):
+    task, problems = get_task(name), _problems(name, n=20)
+    careful, careless = task.strategies[0], next(iter(CARELESS & set(task.strategies)))
+    for p in problems:
+        assert not task.careless(task.solution(p, careful, random.Random(0), 0.0))
+        assert task.careless(task.solution(p, careless, random.Random(0), 0.0))

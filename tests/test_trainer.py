@@ -125,3 +125,26 @@ def test_toy_code_step_runs_in_sandbox(make_cfg, tmp_path):
     metrics = run(cfg, tmp_path)
     acc = metrics[(metrics.split == "eval") & (metrics.metric == "accuracy")]
     assert acc.value.between(0, 1).all() and len(acc) == 2
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "bnpo"])
+def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp_path, loss_type):
+    """update() runs only calls with nonzero advantage, per role and slot; its loss and gradient norm must
+    equal TRL's `_compute_loss` on the policy's whole batch, zero-advantage calls included."""
+    trainer = build_trainer(make_cfg("voting", "sp", task="parity", loss_type=loss_type), tmp_path)
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    adv = adv.clone()
+    adv[::3] = 0.0  # as if those calls' groups had no reward variance
+    assert (adv != 0).any() and (adv == 0).any()
+    trainer.model.set_adapter("shared")
+    trainer.model.train()
+    tokens = sum(len(c.completion_ids) for c in calls)
+    ref = trainer._compute_loss(trainer.model, trainer.collate(calls, adv, tokens))
+    ref.backward()
+    ref_norm = torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).norm().item()
+    trainer.optimizers["shared"].zero_grad(set_to_none=True)
+    stats = trainer.update(calls, adv)
+    assert stats["all"]["loss"] == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)
+    assert stats["all"]["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
+    assert stats["generator"]["live_frac"] < 1

@@ -182,7 +182,7 @@ def warm_start(model, phases, pad_id: int, batch_size: int, lr: float, seed: int
 # the role-format corpus; without them a ~1M model stays on the copy-from-prompt plateau within budget.
 SOLVE_MIX = {"generator": 3.0, "worker": 1.5, "refinement": 0.5}
 # Copying a description into code is learned far faster than arithmetic, so the extra examples are mostly math.
-SOLVE_TASK_SHARE = {"toy_math": 0.75, "toy_code": 0.25}
+SOLVE_TASK_SHARE = {"toy_math": 0.8, "toy_code": 0.2}
 
 
 def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int = 32, lr: float = 3e-3,

@@ -221,7 +221,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for role in dict.fromkeys(calls[i].role for i in idx):
                 ridx = [i for i in idx if calls[i].role == role]
                 role_loss, ent, clip = 0.0, [], []
-                for piece in _pieces(ridx, calls, mb):
+                # A call with zero advantage adds exactly nothing to the GRPO loss (no KL term is used with
+                # beta=0, the default everywhere here), so it is not run; the weights below are computed on
+                # the calls that are, which keeps every loss type's normalisation exact.
+                live = [i for i in ridx if adv[i] != 0] if g.beta == 0 else ridx
+                for piece in _pieces(live, calls, mb):
                     pcalls = [calls[i] for i in piece]
                     tok = sum(len(c.completion_ids) for c in pcalls)
                     inputs = self.collate(pcalls, adv[piece], tok_pol)
@@ -236,13 +240,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     role_loss += loss.item()
                 flat = self._flat_grad(params)
                 stats[role].update(
-                    loss=role_loss,
-                    grad_norm=(flat - prev).norm().item(),
-                    entropy=sum(ent) / len(ridx),
-                    clip_frac=sum(clip) / len(ridx),
+                    loss=role_loss, grad_norm=(flat - prev).norm().item(), live_frac=len(live) / len(ridx)
                 )
+                if live:  # entropy and clipping of the calls that were run (with nonzero advantage)
+                    stats[role].update(entropy=sum(ent) / len(live), clip_frac=sum(clip) / len(live))
                 prev = flat
                 total_loss += role_loss
+            for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             policy_norms[policy] = prev.norm().item()
             finite = finite and math.isfinite(policy_norms[policy])
         self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
@@ -353,6 +359,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             values[key] = float(np.mean(scores)) if scores else 0.0
         if cfg.workflow == "eval_opt":
             values["rounds_mean"] = float(np.mean([e.info.get("rounds", 1) for e in episodes]))
+        if hasattr(self.task, "careless"):  # toy tasks: how often solvers use the style RL should drop
+            solved = [c.text for e in episodes for c in e.calls if c.role in ("generator", "worker")]
+            values["careless_share"] = float(np.mean([self.task.careless(t) for t in solved]))
         self.metric_rows += rows(cfg.factors, step, "eval", "all", values)
         by_role = defaultdict(list)
         for e in episodes:

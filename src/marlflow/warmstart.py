@@ -32,7 +32,7 @@ ROLE_MIX = {
     "evaluator": 1.0,
     "aggregator": 0.7,
     "orchestrator": 0.3,
-    "synthesizer": 2.0,
+    "synthesizer": 3.0,
 }
 _STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
 
@@ -104,8 +104,9 @@ def _example(role: str, task, p, rng: random.Random) -> Example:
 
 
 def _strategies(task, rng: random.Random) -> list[str]:
-    # An orchestrator of the corpus lists 2 or 3 of the task's strategies in random order.
-    return rng.sample(list(task.strategies), 3 if rng.random() < 0.7 else 2)
+    # An orchestrator of the corpus lists all or all but one of the task's strategies, in random order.
+    n = len(task.strategies)
+    return rng.sample(list(task.strategies), n if rng.random() < 0.7 else max(1, n - 1))
 
 
 def _asst(text: str) -> dict:

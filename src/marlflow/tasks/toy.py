@@ -23,8 +23,8 @@ from marlflow.tasks import Problem, register
 from marlflow.tasks.code import CodeTask
 from marlflow.tasks.math import last_boxed
 
-MATH_STRATEGIES = ("left to right", "add then subtract", "just the answer", "add all the numbers")
-CODE_STRATEGIES = ("step by step", "one expression", "a lambda", "a quick lambda")
+MATH_STRATEGIES = ("left to right", "add all the numbers")
+CODE_STRATEGIES = ("step by step", "a quick lambda")
 _CODE_OPS = {"add": "+", "subtract": "-", "multiply by": "*"}
 _TEST_XS = (0, 1, 2, 5, -3)
 # The behaviour RL is meant to find at toy scale. The warm-start corpus, like text from careful and careless
@@ -37,7 +37,7 @@ _TEST_XS = (0, 1, 2, 5, -3)
 # Orch-Workers the same lever is the orchestrator's choice of strategies.
 CARELESS = frozenset({"add all the numbers", "a quick lambda"})
 GENERATOR_STYLES = {
-    "math": {"left to right": 0.45, "add all the numbers": 0.55},
+    "math": {"left to right": 0.6, "add all the numbers": 0.4},
     "code": {"step by step": 0.45, "a quick lambda": 0.55},
 }
 
@@ -96,12 +96,6 @@ def math_solution(
     terms = _math_terms(prompt)
     if strategy == "add all the numbers":
         return f"\\boxed{{{sum(abs(t) for t in terms) + (0 if error_at is None else delta)}}}"
-    if strategy == "add then subtract":
-        pos, neg = sum(t for t in terms if t > 0), -sum(t for t in terms if t < 0)
-        steps = [pos, neg]
-        if error_at is not None:
-            steps[min(error_at, 1)] += delta
-        return f"+{steps[0]};-{steps[1]};\\boxed{{{steps[0] - steps[1]}}}"
     running, steps, lines = terms[0], [], []
     for k, t in enumerate(terms[1:]):
         before = running
@@ -111,8 +105,6 @@ def math_solution(
         steps.append(running)
         # Each step restates its operands ("8-8=0"), so every sum is local to the tokens before it.
         lines.append(f"{before}{t:+d}={running}")
-    if strategy == "just the answer":
-        return f"\\boxed{{{steps[-1]}}}"
     return ";".join(lines) + f";\\boxed{{{steps[-1]}}}"
 
 
@@ -126,6 +118,10 @@ class ToyMath:
 
     def extract(self, text: str) -> str | None:
         return last_boxed(text)
+
+    def careless(self, text: str) -> bool:
+        """Is `text` in the careless style (a bare boxed answer, no worked steps)?"""
+        return text.lstrip().startswith("\\boxed")
 
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
         return [float((self.extract(o) or "").strip() == p.answer) for p, o in zip(problems, outputs)]
@@ -177,13 +173,8 @@ def code_solution(
         body = "; ".join(f"x = x {s} {k}" for s, k in ops[:-1])
         last = f"return x {ops[-1][0]} {ops[-1][1]}"
         src = f"def f(x): {body}; {last}" if body else f"def f(x): {last}"
-    else:
-        expr = "x"
-        for s, k in ops:
-            if s == "*" and ("+" in expr or "-" in expr) and strategy != "a quick lambda":
-                expr = f"({expr})"
-            expr = f"{expr} {s} {k}"
-        src = f"def f(x): return {expr}" if strategy == "one expression" else f"f = lambda x: {expr}"
+    else:  # "a quick lambda": one expression, no parentheses
+        src = "f = lambda x: x" + "".join(f" {s} {k}" for s, k in ops)
     return f"```python\n{src}\n```"
 
 
@@ -196,6 +187,10 @@ class ToyCode(CodeTask):
     def load(self, split: str, spec) -> list[Problem]:
         n = spec.eval_size if split == "test" else (spec.train_size or 4000)
         return _generate("code", split, n, _code_space)
+
+    def careless(self, text: str) -> bool:
+        """Is `text` in the careless style (a lambda rather than step-by-step statements)?"""
+        return "lambda" in text
 
     def solution(self, problem: Problem, strategy: str, rng: random.Random, p_wrong: float) -> str:
         """As ToyMath.solution: a function in `strategy`; a slip makes one step's constant off."""

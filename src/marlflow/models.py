@@ -186,7 +186,7 @@ SOLVE_TASK_SHARE = {"toy_math": 0.8, "toy_code": 0.2}
 
 
 def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int = 32, lr: float = 3e-3,
-              eval_n: int = 200, solve_steps: int = 800) -> dict:  # fmt: skip
+              eval_n: int = 200, solve_steps: int = 1400) -> dict:  # fmt: skip
     """Build, warm-start, save and measure the toy model; returns what warmstart.json records."""
     from marlflow.config import TaskSpec
     from marlflow.tasks import get_task
@@ -313,7 +313,7 @@ def prepare(
     seed: int = 0,
     steps: int = 400,
     eval_n: int = 200,
-    solve_steps: int = 800,
+    solve_steps: int = 1400,
 ) -> dict:
     """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy."""
     out = Path(out)
@@ -472,7 +472,9 @@ def main(argv=None) -> None:
         p.add_argument(
             "--steps", type=int, default=400, help="toy warm-start steps on the role-format corpus"
         )
-        p.add_argument("--solve-steps", type=int, default=800, help="toy: extra steps' worth of math solving")
+        p.add_argument(
+            "--solve-steps", type=int, default=1400, help="toy: extra steps' worth of solving examples"
+        )
         p.add_argument(
             "--eval-n", type=int, default=200, help="toy: test problems per task to measure roles on"
         )

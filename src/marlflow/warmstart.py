@@ -31,7 +31,7 @@ ROLE_MIX = {
     "refinement": 1.0,
     "evaluator": 1.0,
     "aggregator": 0.7,
-    "orchestrator": 0.3,
+    "orchestrator": 1.0,
     "synthesizer": 3.0,
 }
 _STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
@@ -80,7 +80,7 @@ def _example(role: str, task, p, rng: random.Random) -> Example:
         wrong, _ = _authored(task, p, rng, slip=True)
         judged = prompts.evaluate(kind, p.prompt, [*prompts.solve(kind, p.prompt), _asst(wrong)])
         ex.messages = prompts.refine(kind, [*judged, _asst(_critique(wrong, gold))])
-        ex.target = gold  # a fix is worked out carefully
+        ex.target, _ = _authored(task, p, rng)  # another attempt, in the generator's usual styles
     elif role == "aggregator":
         cands = [_authored(task, p, rng, slip=rng.random() < 0.3) for _ in range(3)]
         ex.messages = prompts.aggregate(kind, p.prompt, [s for s, _ in cands])
@@ -119,8 +119,9 @@ def _synthesis(kind: str, sols: list[str]) -> str:
     # strategies matters and is something RL can improve.
     key = (lambda s: last_boxed(s)) if kind == "math" else (lambda s: s)
     (top, count), *_ = Counter(key(s) for s in sols).most_common(1)
-    pick = next(s for s in sols if key(s) == top) if count >= 2 else sols[0]
-    return f"\\boxed{{{last_boxed(pick)}}}" if kind == "math" else pick
+    # The whole chosen solution is copied: a ~1M model copies a run of text far more reliably than it
+    # finds and copies one number out of several (measured: 0.12 vs 0.5 synthesizer accuracy).
+    return next(s for s in sols if key(s) == top) if count >= 2 else sols[0]
 
 
 def build_examples(

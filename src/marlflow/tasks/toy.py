@@ -38,7 +38,7 @@ _TEST_XS = (0, 1, 2, 5, -3)
 CARELESS = frozenset({"add all the numbers", "a quick lambda"})
 GENERATOR_STYLES = {
     "math": {"left to right": 0.6, "add all the numbers": 0.4},
-    "code": {"step by step": 0.45, "a quick lambda": 0.55},
+    "code": {"step by step": 0.35, "a quick lambda": 0.65},
 }
 
 

@@ -67,12 +67,12 @@ def test_generator_corpus_mixes_careful_and_careless_styles(name):
     assert abs(share - careful) < 0.08  # right exactly when the careful style was drawn
 
 
-def test_synthesizer_target_is_the_agreed_answer_else_the_first():
+def test_synthesizer_target_is_the_agreed_answer_else_the_last():
     task, problems = get_task("toy_math"), _problems("toy_math", "train", 200)
     for e in role_examples(task, problems, "synthesizer", random.Random(0)):
         answers = [last_boxed(c) for c in e.messages[-1]["content"].split("--- Solution ")[1:]]
         top, count = Counter(answers).most_common(1)[0]
-        assert last_boxed(e.target) == (top if count >= 2 else answers[0])
+        assert last_boxed(e.target) == (top if count >= 2 else answers[-1])
         assert e.target in e.messages[-1]["content"]  # a whole candidate, copied
 
 

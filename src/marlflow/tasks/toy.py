@@ -1,14 +1,17 @@
 """Toy tasks for the `toy` preset: chained integer arithmetic and tiny Python functions.
 
 Both are generated from a seed (no files), small enough that a ~1M-parameter model learns them on a
-CPU in minutes, and hard enough that a short warm start leaves room for RL:
+CPU in minutes:
 
-- toy_math: `8+5-7`, three terms in 1..9; reward 1 if the last `\\boxed{}` equals the value.
-- toy_code: "add 3, multiply by 2, subtract 5" (three steps) -> `def f(x): ...`; reward 1 if the function passes
-  five asserts, run in the sandbox like any model-written code.
+- toy_math: `8-5+7`, three terms in 1..9 with at least one minus sign; reward 1 if the last `\\boxed{}`
+  equals the value. 2,187 problems, 433 held out.
+- toy_code: "add 3, multiply by 2, subtract 5" (three steps, a multiplication after an addition or
+  subtraction) -> a Python function `f`; reward 1 if it passes five asserts, run in the sandbox like any
+  model-written code. 1,120 problems, 224 held out.
 
 Train and test problems are disjoint (split by a hash of the problem text). The module also writes the
-gold and deliberately wrong role outputs (`solution`), which `marlflow.models build-toy` uses for the warm start.
+careful, careless and deliberately slipped solutions (`solution`) that `marlflow.warmstart` turns into the
+warm-start corpus; see CARELESS for the behaviour RL is expected to learn.
 """
 
 from __future__ import annotations

@@ -67,18 +67,13 @@ def test_generator_corpus_mixes_careful_and_careless_styles(name):
     assert abs(share - careful) < 0.08  # right exactly when the careful style was drawn
 
 
-def test_synthesizer_copies_an_agreed_answer_else_solves_in_a_generators_style():
+def test_synthesizer_target_is_the_agreed_answer_else_the_first():
     task, problems = get_task("toy_math"), _problems("toy_math", "train", 200)
-    own = []
     for e in role_examples(task, problems, "synthesizer", random.Random(0)):
-        cands = [c.split("---\n", 1)[1].strip() for c in e.messages[-1]["content"].split("--- Solution ")[1:]]
-        top, count = Counter(last_boxed(c) for c in cands).most_common(1)[0]
-        if count >= 2:
-            assert e.target in cands and last_boxed(e.target) == top
-        else:
-            own.append(task.careless(e.target))
-    share = 1 - GENERATOR_STYLES["math"]["left to right"]
-    assert len(own) > 50 and abs(sum(own) / len(own) - share) < 0.15
+        answers = [last_boxed(c) for c in e.messages[-1]["content"].split("--- Solution ")[1:]]
+        top, count = Counter(answers).most_common(1)[0]
+        assert last_boxed(e.target) == (top if count >= 2 else answers[0])
+        assert e.target in e.messages[-1]["content"]  # a whole candidate, copied
 
 
 @pytest.mark.parametrize("name", TOY)

@@ -32,7 +32,7 @@ ROLE_MIX = {
     "evaluator": 1.0,
     "aggregator": 0.7,
     "orchestrator": 1.0,
-    "synthesizer": 3.0,
+    "synthesizer": 6.0,
 }
 _STRATEGY_RE = re.compile(r"^STRATEGY (\d+): (.+)$", re.M)
 
@@ -116,9 +116,10 @@ def _asst(text: str) -> dict:
 def _synthesis(kind: str, sols: list[str]) -> str:
     # Agreement means confidence: a candidate whose answer another shares, else the first candidate, copied
     # whole. Naive on purpose, so the order of the orchestrator's strategies matters and RL can improve it.
-    # Measured on the default build: the toy model learns this copy for code (synthesizer accuracy ~0.5 of
-    # a possible ~0.5) but hardly for math (~0.1; it answers like a careless solver), which is why
-    # orch_workers math starts near 0.08. Copy-the-last and solve-it-yourself targets did worse (0.02-0.08).
+    # Measured: with ROLE_MIX synthesizer 3.0 the toy model learned this copy for code (greedy synthesizer
+    # accuracy ~0.5 of a possible ~0.5) but hardly for math (~0.1), and orch_workers math started at 0.08;
+    # at 6.0 math reaches 0.22 and the workflow starts at 0.285. Copy-the-last and solve-it-yourself
+    # targets did worse (orch_workers math base 0.02-0.08).
     key = (lambda s: last_boxed(s)) if kind == "math" else (lambda s: s)
     (top, count), *_ = Counter(key(s) for s in sols).most_common(1)
     return next(s for s in sols if key(s) == top) if count >= 2 else sols[0]

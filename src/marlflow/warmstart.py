@@ -118,8 +118,8 @@ def _synthesis(kind: str, sols: list[str]) -> str:
     # whole. Naive on purpose, so the order of the orchestrator's strategies matters and RL can improve it.
     # Measured: with ROLE_MIX synthesizer 3.0 the toy model learned this copy for code (greedy synthesizer
     # accuracy ~0.5 of a possible ~0.5) but hardly for math (~0.1), and orch_workers math started at 0.08;
-    # at 6.0 math reaches 0.22 and the workflow starts at 0.285. Copy-the-last and solve-it-yourself
-    # targets did worse (orch_workers math base 0.02-0.08).
+    # at 6.0 math reaches 0.22 and the workflow starts at 0.285. A copy-the-last target gave 0.055, and a
+    # solve-it-yourself target an orch_workers math base of 0.02.
     key = (lambda s: last_boxed(s)) if kind == "math" else (lambda s: s)
     (top, count), *_ = Counter(key(s) for s in sols).most_common(1)
     return next(s for s in sols if key(s) == top) if count >= 2 else sols[0]

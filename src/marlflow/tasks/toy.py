@@ -99,16 +99,13 @@ def math_solution(
     terms = _math_terms(prompt)
     if strategy == "add all the numbers":
         return f"\\boxed{{{sum(abs(t) for t in terms) + (0 if error_at is None else delta)}}}"
-    running, steps, lines = terms[0], [], []
+    running, lines = terms[0], []
     for k, t in enumerate(terms[1:]):
         before = running
-        running += t
-        if error_at == k:
-            running += delta
-        steps.append(running)
+        running += t + (delta if error_at == k else 0)
         # Each step restates its operands ("8-8=0"), so every sum is local to the tokens before it.
         lines.append(f"{before}{t:+d}={running}")
-    return ";".join(lines) + f";\\boxed{{{steps[-1]}}}"
+    return ";".join(lines) + f";\\boxed{{{running}}}"
 
 
 class ToyMath:

@@ -1,0 +1,90 @@
+"""The `marlflow` command: one entry point whose subcommands are the package's modules.
+
+    marlflow run [SNAKEMAKE ARGS]      the matrix with Snakemake and the local profile (make run)
+    marlflow matrix|models|train|aggregate|report|sandbox ARGS     = python -m marlflow.<module> ARGS
+    marlflow eval --run results/runs/<id> [--step N] [--task T] [--n K]
+    marlflow chat --run results/runs/<id> --role R [--step N]
+
+Every subcommand hands its remaining arguments to that module's `main(argv)`, so `marlflow train --help`
+is the train module's own help and both spellings behave identically. Installed as a console script by
+pyproject.toml (`[project.scripts]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+# subcommand -> (module whose main(argv) it runs, one-line help). "run" is Snakemake itself.
+COMMANDS = {
+    "run": (
+        None,
+        "run the experiment matrix with Snakemake (--profile profiles/local); extra args go to snakemake",
+    ),
+    "matrix": ("marlflow.matrix", "validate matrix.yaml and print a preset's run sheet"),
+    "models": ("marlflow.models", "build the toy/smol models or validate a hub model (prepare, build-toy)"),
+    "train": ("marlflow.train", "train one cell from its config.json"),
+    "eval": ("marlflow.evaluate", "evaluate a run's checkpoint on any registered task"),
+    "chat": ("marlflow.chat", "talk to one role of a trained run"),
+    "aggregate": ("marlflow.aggregate", "turn finished runs into summary tables"),
+    "report": ("marlflow.report", "figures and the HTML report from the tables"),
+    "sandbox": ("marlflow.sandbox", "run untrusted code against tests in the sandbox"),
+}
+
+
+def run_snakemake(args: list[str]) -> int:
+    """`snakemake --profile profiles/local ARGS` from the repository root (the folder with the Snakefile)."""
+    root = Path.cwd()
+    if not (root / "Snakefile").is_file() or not (root / "profiles" / "local").is_dir():
+        print(
+            f"marlflow run: no Snakefile and profiles/local in {root}; run it from the marlflow repository root "
+            "(or call snakemake with --snakefile and --profile yourself)",
+            file=sys.stderr,
+        )
+        return 2
+    profile = (
+        []
+        if any(a == "--profile" or a.startswith("--profile=") for a in args)
+        else ["--profile", "profiles/local"]
+    )
+    rc = subprocess.call([sys.executable, "-m", "snakemake", *profile, *args])
+    report = root / "results" / "report.html"
+    if rc == 0 and report.is_file() and not any(a in ("-n", "--dry-run", "--dryrun") for a in args):
+        print(f"report: {report}")
+    return rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="marlflow",
+        description="Multi-agent GRPO for LLM workflows, run as a Snakemake matrix.",
+        epilog="`marlflow COMMAND --help` shows a command's own options.",
+    )
+    from marlflow import __version__
+
+    ap.add_argument("--version", action="version", version=f"marlflow {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the command belongs to the command's own parser (argparse's REMAINDER would
+    # reject a leading option such as `eval --run`), so only the part up to the command is parsed here.
+    cut = next((i + 1 for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    command = build_parser().parse_args(argv[:cut]).command
+    rest = argv[cut:]
+    module, _ = COMMANDS[command]
+    if module is None:
+        return run_snakemake(rest)
+    rc = importlib.import_module(module).main(rest)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

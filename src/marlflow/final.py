@@ -1,0 +1,188 @@
+"""The `final/` folder of a finished run: its adapters in PEFT format plus a filled model card.
+
+`python -m marlflow.train` calls `write_final(run_dir, cfg, metrics)` after training. It copies the adapters
+of the newest complete checkpoint (the last step) into
+
+    RUN/final/<policy>/adapter_config.json, adapter_model.safetensors, README.md   (SP: shared; IP: one per role type)
+    RUN/final/README.md                                                             the model card
+
+with `base_model_name_or_path` set to an absolute folder or a hub id, so that from anywhere
+
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(base_model, "results/runs/<run_id>/final/<policy>")
+
+works. The card names the base model, the roles, which adapter each uses and its prompt, the workflow,
+the sharing, the main GRPO settings and the eval curve's numbers. The folder is built under a temp name
+and renamed into place, so a killed job leaves the previous final/ or none.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from marlflow.config import RunConfig
+from marlflow.metrics import atomic_write_text
+from marlflow.runs import adapter_dir, base_model_id, find_checkpoint
+from marlflow.workflows import prompts
+
+WORKFLOW_TEXT = {
+    "single": "one generator answers (single-agent baseline)",
+    "eval_opt": "a generator solves, an evaluator judges `\\boxed{Correct}`/`\\boxed{Incorrect}`, the generator "
+    "refines until Correct or out of rounds; the last generator output is the answer",
+    "voting": "several generators solve the same prompt, an aggregator picks one with `\\boxed{N}`; the picked "
+    "solution is the answer",
+    "orch_workers": "an orchestrator proposes `STRATEGY k:` lines, one worker solves with each, a synthesizer "
+    "compares them and gives the answer",
+}
+
+
+def role_prompts(cfg: RunConfig) -> dict[str, list[str]]:
+    """Each role type's prompt(s) as the workflow writes them, with placeholders in braces."""
+    k, p = cfg.task_axis, "{problem}"
+    sols = [f"{{solution {i}}}" for i in range(1, cfg.n_votes + 1)]
+    solve = prompts.solve(k, p)
+    history = [*solve, {"role": "assistant", "content": "{solution}"}]
+    table = {
+        "generator": [solve[-1]["content"]],
+        "evaluator": [prompts.evaluate(k, p, history)[-1]["content"]],
+        "aggregator": [prompts.aggregate(k, p, sols)[-1]["content"]],
+        "orchestrator": [prompts.orchestrate(k, p, cfg.n_workers)[-1]["content"]],
+        "worker": [prompts.work(k, p, "{strategy}")[-1]["content"]],
+        "synthesizer": [prompts.synthesize(k, p, [f"{{solution {i}}}" for i in range(1, cfg.n_workers + 1)])[-1]["content"]],
+    }  # fmt: skip
+    if cfg.workflow == "eval_opt":
+        table["generator"].append(prompts.refine(k, [*history, {"role": "assistant", "content": "{critique}"}])[-1]["content"])  # fmt: skip
+    return {r: table[r] for r in cfg.role_types}
+
+
+def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
+    """step, accuracy, accuracy_se (and careless_share where logged) of the workflow's evaluations."""
+    ev = metrics[(metrics.split == "eval") & (metrics.role == "all")]
+    wide = ev.pivot_table(index="step", columns="metric", values="value", aggfunc="last")
+    cols = [c for c in ("accuracy", "accuracy_se", "n_eval", "careless_share") if c in wide.columns]
+    return wide[cols].reset_index()
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    def cell(col, v):
+        return str(int(v)) if col in ("step", "n_eval") else f"{v:.3f}"
+
+    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    body = (
+        "| " + " | ".join(cell(c, v) for c, v in zip(df.columns, row)) + " |\n"
+        for row in df.itertuples(index=False)
+    )
+    return head + "".join(body)
+
+
+def model_card(
+    cfg: RunConfig, base: str, step: int, metrics: pd.DataFrame | None, policy: str | None = None
+) -> str:
+    """The README.md of final/ (policy None) or of one adapter folder in it."""
+    g = cfg.grpo
+    hub = not Path(base).is_absolute()
+    front = ["---", "library_name: peft", "pipeline_tag: text-generation", f"base_model: {base}" if hub else None,
+             "tags:", "- marlflow", "- grpo", "- lora", "- multi-agent", f"- {cfg.workflow}", "---", ""]  # fmt: skip
+    lines = [x for x in front if x is not None]
+    title = f"marlflow run `{cfg.run_id}`" + (f", adapter `{policy}`" if policy else "")
+    roles_of = {p: [r for r in cfg.role_types if cfg.policy_of(r) == p] for p in cfg.policies}
+    lines += [
+        f"# {title}",
+        "",
+        f"LoRA adapters trained with multi-agent GRPO by marlflow (step {step} of {g.steps}).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | `{base}` |",
+        f"| workflow | {cfg.workflow}: {WORKFLOW_TEXT[cfg.workflow]} |",
+        f"| sharing | {cfg.sharing.upper()}: "
+        + (
+            "one adapter, `shared`, trained by every role |"
+            if cfg.sharing == "sp"
+            else "one adapter per role type |"
+        ),
+        f"| task | {cfg.task.name} ({cfg.task_axis}), {cfg.task.eval_size} held-out problems per evaluation |",
+        f"| scale / seed / preset | {cfg.scale} / {cfg.seed} / {cfg.preset} |",
+        f"| GRPO | {g.steps} steps, {g.problems_per_step} problems x G={g.group_size} per step, lr {g.learning_rate:g} "
+        f"({g.lr_scheduler}, {g.warmup_steps} warm-up), loss {g.loss_type}, clip {g.epsilon:g}/{g.epsilon_high:g}, "
+        f"beta {g.beta:g}, rollout temperature {g.temperature:g}, eval temperature {g.eval_temperature:g} |",
+        f"| LoRA | r={g.lora_r}, alpha={g.lora_alpha}, targets {g.lora_targets} |",
+        "",
+        "## Adapters and roles",
+        "",
+        "| adapter folder | roles |",
+        "|---|---|",
+        *[f"| `{p}/` | {', '.join(rs)} |" for p, rs in roles_of.items()],
+        "",
+        "## Role prompts",
+        "",
+        "User messages as the workflow writes them (placeholders in braces), sent through the base model's chat "
+        "template.",
+        "",
+    ]
+    for role, texts in role_prompts(cfg).items():
+        for text in texts:
+            lines += [f"**{role}** (adapter `{cfg.policy_of(role)}`):", "", "```text", text, "```", ""]
+    lines += ["## Evaluation curve", ""]
+    if metrics is not None and len(metrics):
+        curve = eval_curve(metrics)
+        lines += [
+            f"Workflow accuracy on the first {cfg.task.eval_size} test problems of {cfg.task.name}, one episode "
+            "per problem; accuracy_se = sqrt(p(1-p)/n).",
+            "",
+            _md_table(curve),
+        ]
+    else:
+        lines += ["No metrics were recorded.", ""]
+    target = f"final/{policy}" if policy else f"final/{cfg.policies[0]}"
+    lines += [
+        "## Use",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+        f'tok = AutoTokenizer.from_pretrained("{base}")',
+        f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")',
+        "```",
+        "",
+        f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}`, and "
+        f"`marlflow eval --run results/runs/{cfg.run_id} --task <task>` for another task.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_final(run_dir: str | Path, cfg: RunConfig, metrics: pd.DataFrame | None = None) -> Path:
+    """Build RUN/final from the newest complete checkpoint; returns the folder. metrics: the run's table
+    (read from RUN/metrics.parquet when None)."""
+    run_dir = Path(run_dir)
+    step, ckpt = find_checkpoint(run_dir)
+    if metrics is None and (run_dir / "metrics.parquet").exists():
+        metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    base = base_model_id(cfg, run_dir)
+    final, tmp = run_dir / "final", run_dir / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for policy in cfg.policies:
+            src, dst = adapter_dir(ckpt, policy), tmp / policy
+            dst.mkdir(parents=True)
+            shutil.copy2(src / "adapter_model.safetensors", dst / "adapter_model.safetensors")
+            conf = json.loads((src / "adapter_config.json").read_text())
+            conf["base_model_name_or_path"] = base
+            atomic_write_text(dst / "adapter_config.json", json.dumps(conf, indent=2, sort_keys=True) + "\n")
+            atomic_write_text(dst / "README.md", model_card(cfg, base, step, metrics, policy))
+        atomic_write_text(tmp / "README.md", model_card(cfg, base, step, metrics))
+        old = run_dir / ".final.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

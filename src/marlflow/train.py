@@ -8,6 +8,7 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
     RUN_DIR/metrics.parquet   tidy metrics (marlflow.metrics schema)
     RUN_DIR/samples.parquet   a few full eval episodes per evaluation (every role's prompt and output)
     RUN_DIR/checkpoints/step-N/adapters/<policy>/   LoRA adapters (PEFT format) + optimizer/RNG state
+    RUN_DIR/final/<policy>/   the last step's adapters for PeftModel.from_pretrained + model card (marlflow.final)
     RUN_DIR/DONE              JSON with the final step and accuracy
 """
 
@@ -23,6 +24,7 @@ import pandas as pd
 import torch
 
 from marlflow.config import ConfigError, RunConfig
+from marlflow.final import write_final
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.tasks import get_task
 
@@ -75,6 +77,7 @@ def run(cfg: RunConfig, out_dir: Path) -> pd.DataFrame:
     metrics = trainer.fit()
     write_metrics(metrics, out_dir / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")
+    write_final(out_dir, cfg, metrics)
     acc = metrics[(metrics.split == "eval") & (metrics.role == "all") & (metrics.metric == "accuracy")]
     atomic_write_json(out_dir / "DONE", {"run_id": cfg.run_id, "steps": trainer.step,
                                          "final_accuracy": float(acc.value.iloc[-1])})  # fmt: skip

@@ -1,77 +1,208 @@
-"""Tests for marlflow.report: figures, the self-contained HTML page, errors."""
+"""Tests for marlflow.report: the output contract, the overview and run pages, figures, errors, and the
+pages rendered in headless Chromium (not blank, no table wider than the page).
+
+The runs are synthetic metrics/samples tables in the real schema (the rows trainer.py logs: per-role train
+metrics, the step-time split, accuracy with accuracy_se, careless_share, samples with chat-template prompts),
+each in a run folder with config.json and DONE as Snakemake leaves them.
+"""
 
 from __future__ import annotations
 
 import base64
+import json
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from marlflow import aggregate, report
-from marlflow.metrics import rows, write_metrics
+from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_parquet, rows, write_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROLES = {
+    "voting": ["generator", "aggregator"],
+    "single": ["generator"],
+    "eval_opt": ["generator", "evaluator"],
+}
+HOSTILE = "<script>alert('x')</script> & </pre></details>"
 
 
-def make_run(root, run_id: str, acc: list[float], roles: dict[str, float]) -> str:
+def make_run(root: Path, run_id: str, acc: list[float], shares: dict[str, float], careless=None) -> str:
+    """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path."""
     workflow, sharing, scale, task, seed = run_id.split("-")
     fac = dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
                intervention="none")  # fmt: skip
-    recs = []
+    recs, samples = [], []
+    n = 200
     for k, a in enumerate(acc):
-        recs += rows(fac, 10 * k, "eval", "all", {"accuracy": a, "n_eval": 50})
+        step = 10 * k
+        vals = {"accuracy": a, "accuracy_se": (a * (1 - a) / n) ** 0.5, "n_eval": n}
+        if careless is not None:
+            vals["careless_share"] = careless[k]
+        recs += rows(fac, step, "eval", "all", vals)
+        for role in shares:
+            recs += rows(fac, step, "eval", role, {"format_failure_rate": 0.1, "completion_length": 20.0 + k})
+        for ep in range(2):
+            reward = float(ep == 0)
+            for slot, role in enumerate(shares):
+                samples.append({**fac, "step": step, "episode": ep, "uid": f"p{ep}", "slot": f"{role}{slot}",
+                                "role": role, "prompt": f"<|im_start|>user\nWhat is 8-5+7? {HOSTILE}",
+                                "output": f"\\boxed{{10}} {HOSTILE}", "reward": reward,
+                                "format_failure": slot == 1})  # fmt: skip
     for step in range(1, 10 * (len(acc) - 1) + 1):
-        for role, share in roles.items():
-            recs += rows(fac, step, "train", role, {"grad_norm": 1.0 + step * share, "grad_share": share})
-    p = root / "runs" / run_id / "metrics.parquet"
-    write_metrics(pd.DataFrame(recs), p)
-    return str(p)
+        for role, share in shares.items():
+            recs += rows(fac, step, "train", role, {"grad_norm": 1.0 + step * share, "grad_share": share,
+                                                    "reward_mean": 0.3 + 0.01 * step, "completion_length": 30.0})  # fmt: skip
+        recs += rows(fac, step, "train", "all", {"reward_mean": 0.3 + 0.01 * step, "step_time": 2.0,
+                     "time_generate": 1.2, "time_score": 0.1, "time_backward": 0.5, "time_other": 0.2})  # fmt: skip
+    folder = root / "runs" / run_id
+    write_metrics(pd.DataFrame(recs), folder / "metrics.parquet")
+    atomic_write_parquet(pd.DataFrame(samples, columns=SAMPLE_COLUMNS), folder / "samples.parquet")
+    cfg = {"run_id": run_id, "preset": "toy", "model": "/abs/models/toy", "scale": scale,
+           "grpo": {"steps": 10 * (len(acc) - 1), "group_size": 8}, "task": {"name": f"toy_{task}"}}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "DONE").write_text(json.dumps({"run_id": run_id, "final_accuracy": acc[-1]}))
+    return str(folder / "metrics.parquet")
 
 
 @pytest.fixture
 def runs(tmp_path) -> list[str]:
     return [
-        make_run(tmp_path, "voting-ip-toy-math-s0", [0.3, 0.6, 0.4], {"generator": 0.75, "aggregator": 0.25}),
-        make_run(tmp_path, "voting-sp-toy-math-s0", [0.3, 0.4, 0.45], {"generator": 0.6, "aggregator": 0.4}),
-        make_run(tmp_path, "single-sp-toy-math-s0", [0.3, 0.35, 0.35], {"generator": 1.0}),
+        make_run(
+            tmp_path,
+            "voting-ip-toy-math-s0",
+            [0.3, 0.6, 0.4],
+            {"generator": 0.75, "aggregator": 0.25},
+            careless=[0.7, 0.2, 0.1],
+        ),  # fmt: skip
+        make_run(
+            tmp_path,
+            "voting-sp-toy-math-s0",
+            [0.3, 0.4, 0.45],
+            {"generator": 0.6, "aggregator": 0.4},
+            careless=[0.7, 0.5, 0.4],
+        ),  # fmt: skip
+        make_run(
+            tmp_path, "single-sp-toy-math-s0", [0.3, 0.35, 0.35], {"generator": 1.0}, careless=[0.6, 0.6, 0.5]
+        ),  # fmt: skip
+        make_run(tmp_path, "eval_opt-sp-toy-code-s0", [0.5, 0.9, 0.95], {"generator": 0.8, "evaluator": 0.2}),
     ]
 
 
-def test_report_end_to_end(tmp_path, runs, capsys):
+def build(tmp_path: Path, runs: list[str], name: str = "out", commit: str = "abc123") -> dict[str, Path]:
+    tables = tmp_path / "tables"
+    if not (tables / "summary.parquet").is_file():
+        assert aggregate.main(["--runs", *runs, "--out", str(tables)]) == 0
+    out = tmp_path / name
+    return report.make_report(tables, runs, out / "figures", out / "report.html", commit=commit)
+
+
+def run_ids(runs: list[str]) -> list[str]:
+    return [Path(p).parent.name for p in runs]
+
+
+def test_outputs_contract_and_cli(tmp_path, runs, capsys):
     tables = tmp_path / "tables"
     assert aggregate.main(["--runs", *runs, "--out", str(tables)]) == 0
-    html_path = tmp_path / "report.html"
-    figs = tmp_path / "figures"
-    argv = ["--tables", str(tables), "--runs", *runs, "--figures", str(figs), "--html", str(html_path)]
-    assert report.main(argv) == 0
-    for name in ("curves.png", "grad_dynamics.png", "role_share.png"):
+    html_path, figs = tmp_path / "r" / "report.html", tmp_path / "r" / "figures"
+    assert report.main(["--tables", str(tables), "--runs", *runs, "--figures", str(figs), "--html",
+                        str(html_path)]) == 0  # fmt: skip
+    assert f"report: {html_path.resolve()}" in capsys.readouterr().out
+    expected = report.outputs(figs, html_path, None, run_ids(runs))
+    written = sorted(p for p in (tmp_path / "r").rglob("*") if p.is_file())
+    assert written == sorted(expected)  # every file written is in the contract, and every one is written
+    assert report.default_pages_dir(html_path) == tmp_path / "r" / "report"
+    for name in report.FIGURES:
         assert (figs / name).read_bytes().startswith(PNG_MAGIC), name
-    page = html_path.read_text()
+
+
+def test_overview_page(tmp_path, runs):
+    written = build(tmp_path, runs)
+    page = written["report.html"].read_text()
     embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(embedded) == 3
-    assert all(base64.b64decode(e).startswith(PNG_MAGIC) for e in embedded)
-    assert base64.b64decode(embedded[0]) == (figs / "curves.png").read_bytes()
-    for text in ("Failure signatures", "Gradient dynamics", "Definitions", "voting-ip-toy-math-s0", "cliff:"):
+    assert len(embedded) == 4  # curves, careless_share, grad norm, role share
+    assert base64.b64decode(embedded[0]) == written["curves.png"].read_bytes()
+    for text in ("Provenance", "abc123", "trl ", "torch ", "Failure signatures", "Gradient traces",
+                 "Definitions", "Peak / terminal", "careless_share", "0.70 -&gt; 0.10", "cliff: peak 0.600"):  # fmt: skip
         assert text in page, text
-    assert "http" not in page.replace("<!DOCTYPE html>", "")  # self-contained: no external resources
-    # deterministic: a second report is byte-identical
-    html2 = tmp_path / "report2.html"
-    report.main(
-        ["--tables", str(tables), "--runs", *runs, "--figures", str(tmp_path / "f2"), "--html", str(html2)]
-    )
-    assert html2.read_bytes() == html_path.read_bytes()
+    # wall time = sum of step_time: 20 steps x 2.0 s x 4 runs
+    assert "2.7 min total; per run 40.0 s to 40.0 s" in page  # 160 s
+    assert "preset</td><td>toy" in page
+    # real tables, no markdown in <pre>
+    assert "|---|" not in page and page.count("<table") >= 5
+    assert "http" not in page.replace("<!DOCTYPE html>", "")  # self-contained
+    for rid in run_ids(runs):
+        assert f'href="report/{rid}.html"' in page
+    # the statistics step's tables are absent here: the page says so instead of failing
+    assert "paired_sp_ip.csv was not found" in page
+    # deterministic for the same inputs
+    again = build(tmp_path, runs, name="again")
+    assert again["report.html"].read_bytes() == written["report.html"].read_bytes()
 
 
-def test_curve_panels(runs):
+def test_optional_tables_rendered(tmp_path, runs):
+    tables = tmp_path / "tables"
+    aggregate.main(["--runs", *runs, "--out", str(tables)])
+    paired = pd.DataFrame({"workflow": ["voting"], "scale": ["toy"], "task": ["math"], "metric": ["peak"],
+                           "sp_minus_ip": [-0.15], "ci_low": [-0.2], "ci_high": [-0.1], "n_seeds": [1]})  # fmt: skip
+    paired.to_csv(tables / "paired_sp_ip.csv", index=False)
+    page = build(tmp_path, runs)["report.html"].read_text()
+    assert "paired_sp_ip.csv was not found" not in page
+    assert "<th>sp_<wbr>minus_<wbr>ip</th>" in page and '<td class="n">-0.150</td>' in page
+    (tables / "claims.csv").write_text('a,"b\n')  # a torn CSV is an error naming the file
+    with pytest.raises(ValueError, match="claims.csv: not a readable CSV"):
+        build(tmp_path, runs, name="bad")
+
+
+def test_run_page(tmp_path, runs):
+    written = build(tmp_path, runs)
+    p = written["pages/voting-ip-toy-math-s0.html"]
+    page = p.read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "&lt;|im_start|&gt;user" in page
+    for text in ("Per-role metrics", "Step-time split", "time_generate", "time_backward", "Sample transcripts",
+                 "step 20</b>: 2 episodes", "aggregator1", "format failure", "config.json", "/abs/models/toy"):  # fmt: skip
+        assert text in page, text
+    # calls in logged order within an episode: generator0 before aggregator1
+    assert page.index("<b>generator0</b>") < page.index("<b>aggregator1</b>")
+    # step-time split: generate is 1.2 of 2.0 s per step
+    assert re.search(r"<td>time_generate</td><td class=\"n\">24.000</td><td class=\"n\">0.600</td>", page)
+    assert '<a href="../report.html">overview</a>' in page.replace("'", '"')
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 2
+    assert "http" not in page.replace("<!DOCTYPE html>", "")
+
+
+def test_curves_share_y_per_task_with_se_bands(runs):
     from marlflow.analysis import load_runs
     from marlflow.analysis.plots import plot_curves, plot_grad_norm, plot_role_share
 
     metrics, _ = load_runs(runs)
-    assert [ax.get_title() for ax in plot_curves(metrics).axes] == ["single / math", "voting / math"]
-    curves = plot_curves(metrics).axes[1]
-    assert len(curves.lines) == 4  # two runs, each a curve + a dashed base line
-    assert len(plot_grad_norm(metrics).axes) == 3 and len(plot_role_share(metrics).axes) == 3
+    fig = plot_curves(metrics)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["single / math", "single / code", "eval_opt / math", "eval_opt / code", "voting / math",
+                      "voting / code"]  # fmt: skip
+    ylims = {t: ax.get_ylim() for t, ax in zip(titles, fig.axes)}
+    assert ylims["single / math"] == ylims["voting / math"] == ylims["eval_opt / math"]
+    assert ylims["single / code"] == ylims["eval_opt / code"] != ylims["voting / math"]
+    lo, hi = ylims["voting / math"]
+    assert lo <= 0.3 - (0.3 * 0.7 / 200) ** 0.5 and hi >= 0.6 + (0.6 * 0.4 / 200) ** 0.5  # bands fit
+    voting = fig.axes[titles.index("voting / math")]
+    assert len(voting.lines) == 4 and len(voting.collections) == 2  # 2 runs: curve + base line, one SE band
+    band = voting.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(0.3 - (0.3 * 0.7 / 200) ** 0.5)
+    # gradient figures: SP panel left of its IP partner, sharing y; single has no partner
+    for plot in (plot_grad_norm, plot_role_share):
+        axes = plot(metrics).axes
+        names = [ax.get_title() for ax in axes]
+        assert names == ["single-sp-toy-math-s0", "eval_opt-sp-toy-code-s0", "voting-sp-toy-math-s0",
+                         "voting-ip-toy-math-s0"]  # fmt: skip
+        assert axes[2].get_ylim() == axes[3].get_ylim()
+        assert axes[3].get_position().x0 > axes[2].get_position().x0
 
 
 def test_report_needs_tables(tmp_path, runs, capsys):
@@ -90,3 +221,91 @@ def test_report_needs_runs(tmp_path, runs, capsys):
             ["--tables", str(tmp_path / "t"), "--figures", str(tmp_path / "f"), "--html", str(tmp_path / "r")]
         )
     assert "no runs given" in capsys.readouterr().err
+
+
+def test_bad_config_json_is_named(tmp_path, runs):
+    Path(runs[0]).with_name("config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"voting-ip-toy-math-s0/config.json: not valid JSON"):
+        build(tmp_path, runs)
+
+
+# ---------------------------------------------------------------------------- headless Chromium
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+WIDTH, HEIGHT = 1280, 1600
+# Appended to a test-only copy: open every <details> (folded transcripts count too), then record the page
+# width and, for every table, its laid-out width and scroll width, and any page-level horizontal overflow.
+CHECK_JS = """<script>
+for (const d of document.querySelectorAll('details')) d.open = true;
+const W = document.documentElement.clientWidth;
+const tables = [...document.querySelectorAll('table')].map(t => ({
+  w: Math.ceil(t.getBoundingClientRect().width), sw: t.scrollWidth,
+  right: Math.ceil(t.getBoundingClientRect().right), box: t.parentElement.clientWidth}));
+document.body.setAttribute('data-check', JSON.stringify({W, page: document.documentElement.scrollWidth,
+  tables, imgs: [...document.images].filter(i => i.complete && i.naturalWidth > 0).length,
+  nimg: document.images.length}));
+</script>"""
+
+
+def chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("headless Chromium is missing; CI installs it with `apt-get install -y chromium`")
+    pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
+
+
+def run_chromium(exe: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    cmd = [exe, "--headless=new", "--disable-gpu", "--no-sandbox", "--hide-scrollbars", "--no-first-run",
+           f"--user-data-dir={tmp / 'chromium-profile'}", f"--window-size={WIDTH},{HEIGHT}",
+           "--virtual-time-budget=3000", *args]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, f"chromium failed ({r.returncode}): {r.stderr[-2000:]}"
+    return r
+
+
+def layout(exe: str, html_file: Path, tmp: Path) -> dict:
+    probe = html_file.with_name(f".probe-{html_file.name}")  # beside the original: relative links still hold
+    probe.write_text(html_file.read_text().replace("</body>", CHECK_JS + "</body>"))
+    dom = run_chromium(exe, ["--dump-dom", probe.as_uri()], tmp).stdout
+    probe.unlink()
+    m = re.search(r"data-check=\"([^\"]+)\"", dom)
+    assert m, f"the check script did not run; DOM starts {dom[:300]!r}"
+    import html as _html
+
+    return json.loads(_html.unescape(m.group(1)))
+
+
+def screenshot_variance(exe: str, html_file: Path, tmp: Path) -> float:
+    from PIL import Image
+
+    shot = tmp / f"{html_file.stem}.png"
+    run_chromium(exe, [f"--screenshot={shot}", html_file.as_uri()], tmp)
+    img = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert img.shape == (HEIGHT, WIDTH)
+    return float(img.std())
+
+
+@pytest.mark.slow
+def test_pages_in_headless_chromium(tmp_path, runs):
+    exe = chromium()
+    written = build(tmp_path, runs)
+    shots = Path(os.environ.get("MARLFLOW_REPORT_SHOTS", tmp_path / "shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    for key in ("report.html", "pages/voting-ip-toy-math-s0.html"):
+        html_file = written[key]
+        check = layout(exe, html_file, tmp_path)
+        assert check["W"] == WIDTH and check["tables"], check
+        assert check["nimg"] >= 1 and check["imgs"] == check["nimg"], (
+            f"{key}: an embedded figure did not load"
+        )
+        assert check["page"] <= check["W"], (
+            f"{key}: the page scrolls sideways ({check['page']} > {check['W']})"
+        )
+        for t in check["tables"]:
+            # no table wider than the page, nor than its box (so no table needs its scroll container here)
+            assert t["sw"] <= t["box"] <= check["W"] and t["right"] <= check["W"], (key, t, check["W"])
+        variance = screenshot_variance(exe, html_file, shots)
+        assert variance > 20, f"{key}: the screenshot is nearly uniform (pixel std {variance:.1f})"

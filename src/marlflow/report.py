@@ -1,13 +1,30 @@
-"""Figures and a self-contained HTML report:
+"""The HTML report: an overview page for the whole matrix and one page per run, plus the overview's figures.
 
-    python -m marlflow.report --tables results/tables --runs PATH... --figures results/figures \\
-        --html results/report.html
+    python -m marlflow.report --tables results/tables --runs results/runs/*/metrics.parquet \\
+        --figures results/figures --html results/report.html [--pages results/report]
 
-Reads the tables written by `python -m marlflow.aggregate` (summary.parquet, failures.csv, grad_dynamics.csv,
-peak_terminal.md) and the runs' metrics.parquet files (for the curves). Writes, atomically:
-curves.png (eval accuracy vs step, panel per workflow x task), grad_dynamics.png (per-role grad_norm vs step,
-panel per run), role_share.png (per-role grad_share, stacked, panel per run) and report.html (figures
-embedded as base64 PNG, summary, failure signatures, gradient dynamics, definitions).
+Reads the tables written by `python -m marlflow.aggregate` (summary.parquet, failures.csv, grad_dynamics.csv
+are required; summary_by_cell.csv, paired_sp_ip.csv and claims.csv are shown when present), each run's
+metrics.parquet, and beside it, when present, samples.parquet (transcripts), config.json (preset, model,
+hyperparameters) and DONE.
+
+Output contract (rules/report.smk declares exactly these, generated from the names below, so the rule and
+this module cannot drift; every file is written atomically, and the text is deterministic: no timestamps):
+
+    <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png, careless_share.png
+    <html>                                    the overview page (results/report.html)
+    <pages>/RUN_PAGE for each run             one page per run, RUN_PAGE = "{run_id}.html"; <pages> defaults
+                                              to the html path without its suffix (results/report/)
+
+`outputs(figures, html, pages, run_ids)` returns that list of paths. Every page is self-contained: figures
+are embedded as base64 PNG, styles are inline, nothing is fetched from the network; pages link to each
+other by relative paths.
+
+The overview: provenance (presets, models, git commit, package versions, training wall time), one row per
+run linking to its page, eval curves (+- 1 SE bands, y axis shared per task), peak / terminal and the
+paired SP - IP comparison with confidence intervals, careless_share where logged, failure signatures with
+their evidence, gradient traces with each SP run next to its IP partner, and the definitions. A run page:
+its settings, curves, per-role train and eval metrics, the step-time split and sample transcripts by step.
 """
 
 from __future__ import annotations
@@ -15,75 +32,666 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import importlib.metadata
+import json
+import math
 import os
+import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from marlflow.analysis import DEFINITIONS, load_runs
-from marlflow.analysis.plots import plot_curves, plot_grad_norm, plot_role_share, save_png
-from marlflow.metrics import atomic_write_text
+from marlflow.analysis.curves import eval_curves, wide
+from marlflow.analysis.io import read_samples
+from marlflow.analysis.plots import (
+    TIME_PARTS,
+    careless_series,
+    plot_careless_share,
+    plot_curves,
+    plot_grad_norm,
+    plot_role_share,
+    plot_run,
+    plot_step_time,
+    png_bytes,
+    save_png,
+    step_time_table,
+    with_se,
+)
+from marlflow.analysis.tables import CAPTION, WORKFLOW_ORDER, order_key, peak_terminal_table
+from marlflow.metrics import FACTOR_COLUMNS, atomic_write_text
 
 FIGURES = {
-    "curves.png": (plot_curves, "Eval accuracy vs step (dashed: each run's step-0 base)"),
+    "curves.png": (plot_curves, "Eval accuracy vs step"),
     "grad_dynamics.png": (plot_grad_norm, "Per-role gradient norm vs step"),
     "role_share.png": (plot_role_share, "Per-role share of the step's gradient mass"),
+    "careless_share.png": (plot_careless_share, "Careless-style share of solver outputs"),
 }
-TABLE_FILES = ["summary.parquet", "failures.csv", "grad_dynamics.csv", "peak_terminal.md"]
-STYLE = (
-    "body{font-family:sans-serif;margin:2em;max-width:1400px}"
-    "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
-    "th{background:#eee}img{max-width:100%}pre{background:#f7f7f7;padding:1em;white-space:pre-wrap}"
-)
+RUN_PAGE = "{run_id}.html"
+REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
+# Tables of the statistics step, shown when the aggregate step wrote them: file -> (title, what it is)
+OPTIONAL_TABLES = {
+    "paired_sp_ip.csv": ("Paired SP - IP", "SP minus IP in each cell with the same workflow, scale, task and "
+                         "seed, and confidence intervals over seeds."),
+    "summary_by_cell.csv": ("Summary by cell", "Means over seeds per cell with confidence intervals."),
+    "claims.csv": ("Claims", "The paper's claims checked against these runs."),
+}  # fmt: skip
+PACKAGES = ["marlflow", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "snakemake", "pandas",
+            "matplotlib"]  # fmt: skip
+TRANSCRIPT_CHARS = 4000  # longer prompts/outputs are cut (the full text stays in samples.parquet)
+
+STYLE = """
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;padding:1em 2em;
+  max-width:1200px;color:#222;line-height:1.4;background:#fff}
+h1{font-size:1.6em;margin:.3em 0}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+h3{font-size:1.05em;margin-top:1.2em}
+nav{margin:.5em 0 1em;font-size:.9em}nav a{margin-right:1em}
+a{color:#1a5fb4}
+.note{color:#555;font-size:.9em;margin:.3em 0}
+.tw{overflow-x:auto;max-width:100%;margin:.4em 0 1.2em}
+table{border-collapse:collapse;font-size:13px;max-width:100%}
+th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f0f0f0;font-weight:600}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+tr:nth-child(even) td{background:#fafafa}
+.flag{color:#b00020;font-weight:600}
+img{max-width:100%;height:auto;display:block;margin:.4em 0}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;border:1px solid #e4e4e4;
+  padding:.4em .6em;margin:.2em 0 .6em;font-size:12px}
+details{margin:.3em 0}summary{cursor:pointer}
+.call{border-left:3px solid #ccc;padding-left:.7em;margin:.5em 0 .8em}
+.ok{color:#1b7f3b}.bad{color:#b00020}
+.kv td:first-child{font-weight:600;background:#f6f6f6;white-space:nowrap}
+"""
+
+
+def outputs(
+    figures_dir: str | os.PathLike,
+    html_path: str | os.PathLike,
+    pages_dir: str | os.PathLike | None,
+    run_ids: Sequence[str],
+) -> list[Path]:
+    """Every file make_report writes for these runs (the output contract in the module docstring)."""
+    pages = default_pages_dir(html_path) if pages_dir is None else Path(pages_dir)
+    return [
+        *(Path(figures_dir) / name for name in FIGURES),
+        Path(html_path),
+        *(pages / RUN_PAGE.format(run_id=r) for r in run_ids),
+    ]
+
+
+def default_pages_dir(html_path: str | os.PathLike) -> Path:
+    """results/report.html -> results/report (the folder of the per-run pages)."""
+    return Path(html_path).with_suffix("")
+
+
+# ---------------------------------------------------------------------------- inputs
 
 
 def read_tables(tables: str | os.PathLike) -> dict[str, object]:
-    """Read aggregate outputs; FileNotFoundError naming the missing file (run marlflow.aggregate first)."""
+    """Read aggregate outputs; FileNotFoundError naming the missing file (run marlflow.aggregate first).
+
+    Optional tables (OPTIONAL_TABLES) that are absent are None.
+    """
     tables = Path(tables)
-    for name in TABLE_FILES:
+    for name in REQUIRED_TABLES:
         if not (tables / name).is_file():
             raise FileNotFoundError(f"{tables / name} not found; run `python -m marlflow.aggregate` first")
-    return {
+    out: dict[str, object] = {
         "summary": pd.read_parquet(tables / "summary.parquet"),
         "failures": pd.read_csv(tables / "failures.csv", keep_default_na=False),
         "grad_dynamics": pd.read_csv(tables / "grad_dynamics.csv"),
-        "peak_terminal_md": (tables / "peak_terminal.md").read_text(),
     }
+    for name in OPTIONAL_TABLES:
+        p = tables / name
+        try:
+            out[name] = pd.read_csv(p) if p.is_file() else None
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise ValueError(
+                f"{p}: not a readable CSV table ({e}); rerun `python -m marlflow.aggregate`"
+            ) from e
+    return out
 
 
-def html_table(df: pd.DataFrame) -> str:
-    """An escaped HTML table with 3-decimal floats."""
-    return df.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="", border=0, escape=True)
+def run_files(metrics_paths: Sequence[str | os.PathLike], metrics: pd.DataFrame) -> dict[str, dict]:
+    """Per run id: its folder's config.json and DONE (parsed, {} when absent) and samples.parquet (rows in
+    call order, empty when absent)."""
+    out = {}
+    for p in map(Path, metrics_paths):
+        folder = p.parent
+        ids = sorted(pd.read_parquet(p, columns=["run_id"])["run_id"].unique())
+        cfg = _read_json(folder / "config.json")
+        done = _read_json(folder / "DONE")
+        sp = folder / "samples.parquet"
+        samples = read_samples(sp) if sp.is_file() else None
+        for rid in ids:
+            s = None if samples is None else samples[samples["run_id"] == rid]
+            # file order is call order within an episode (generator0 before evaluator0); keep it
+            s = (
+                None
+                if s is None
+                else s.sort_values(["step", "episode"], kind="stable").reset_index(drop=True)
+            )
+            out[rid] = {"config": cfg, "done": done, "samples": s, "folder": folder}
+    for rid in metrics["run_id"].unique():
+        out.setdefault(rid, {"config": {}, "done": {}, "samples": None, "folder": None})
+    return out
 
 
-def render_html(tables: dict[str, object], figures: dict[str, bytes]) -> str:
-    """The report page: figures embedded as base64 PNG, tables, definitions. Deterministic text."""
-    parts = [
-        "<!DOCTYPE html>",
-        '<html><head><meta charset="utf-8"><title>marlflow report</title>',
-        f"<style>{STYLE}</style></head><body>",
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        obj = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it or rerun the job that writes it") from e
+    return obj if isinstance(obj, dict) else {}
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str:
+    """HEAD of the repository the report is built in ('+ uncommitted changes' when tracked files differ), or
+    'unknown (not a git checkout)'."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=20
+        )
+        if head.returncode != 0:
+            return "unknown (not a git checkout)"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=20)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def package_versions() -> dict[str, str]:
+    """Python and the installed versions of PACKAGES ('not installed' when absent)."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+# ---------------------------------------------------------------------------- HTML helpers
+
+
+def esc(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def fmt(v: object) -> str:
+    """A table cell's text: '' for missing, yes/'' for bools, integers plain, other floats to 3 decimals."""
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, bool | np.bool_):
+        return "yes" if v else ""
+    if isinstance(v, int | np.integer):
+        return str(int(v))
+    if isinstance(v, float | np.floating):
+        v = float(v)
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v.is_integer() and abs(v) >= 2:
+            return str(int(v))
+        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+    return str(v)
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
+
+def header(name: str) -> str:
+    """An escaped header that may wrap after '_' (long metric names otherwise force wide columns)."""
+    return esc(name).replace("_", "_<wbr>")
+
+
+def table(
+    df: pd.DataFrame,
+    links: dict[str, str] | None = None,
+    cls: str = "",
+    raw_columns: Sequence[str] = (),
+) -> str:
+    """A real HTML table inside a horizontally scrolling container; cells escaped, numbers right-aligned.
+
+    links: run_id -> href; cells of a run_id column become links. raw_columns hold trusted HTML (built here).
+    """
+    links = links or {}
+    head = "".join(f"<th>{header(str(c))}</th>" for c in df.columns)
+    body = []
+    for rec in df.itertuples(index=False):
+        cells = []
+        for col, v in zip(df.columns, rec):
+            text = fmt(v)
+            if col in raw_columns:
+                cells.append(f"<td>{v}</td>")
+            elif col == "run_id" and text in links:
+                cells.append(f'<td><a href="{esc(links[text])}">{esc(text)}</a></td>')
+            else:
+                cells.append(f'<td class="n">{esc(text)}</td>' if _is_num(v) else f"<td>{esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    c = f' class="{cls}"' if cls else ""
+    return f'<div class="tw"><table{c}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def kv_table(pairs: Sequence[tuple[str, object]]) -> str:
+    """A two-column key / value table."""
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(fmt(v))}</td></tr>" for k, v in pairs)
+    return f'<div class="tw"><table class="kv"><tbody>{rows}</tbody></table></div>'
+
+
+def figure(data: bytes, alt: str) -> str:
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    head = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
+    )
+    return head + "\n" + "\n".join(body) + "\n</body></html>\n"
+
+
+def duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "not logged"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+# ---------------------------------------------------------------------------- overview
+
+
+def run_order(summary: pd.DataFrame) -> list[str]:
+    """Run ids in paper order: workflow, then the rest of the run id."""
+    wf = order_key(WORKFLOW_ORDER)
+    return sorted(summary["run_id"], key=lambda r: (wf(r.split("-")[0]), r))
+
+
+def train_seconds(metrics: pd.DataFrame) -> pd.Series:
+    """Sum of step_time per run (train split, role all): the time inside training steps, evals excluded."""
+    t = step_time_table(metrics)
+    return t.groupby("run_id")["step_time"].sum()
+
+
+def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
+    s = careless_series(metrics)
+    out = {}
+    for rid, c in s.groupby("run_id"):
+        c = c.sort_values("step")
+        out[rid] = f"{c['careless_share'].iloc[0]:.2f} -> {c['careless_share'].iloc[-1]:.2f}"
+    return out
+
+
+def provenance_section(run_info: dict[str, dict], metrics: pd.DataFrame, commit: str) -> list[str]:
+    cfgs = [i["config"] for i in run_info.values() if i["config"]]
+    presets = sorted({str(c.get("preset")) for c in cfgs if c.get("preset")})
+    models = sorted({f"{c.get('scale')}: {c.get('model')}" for c in cfgs if c.get("model")})
+    secs = train_seconds(metrics)
+    steps = wide(metrics, "train", "all", ["step_time"]).groupby("run_id")["step"].max()
+    pairs = [
+        ("preset", ", ".join(presets) or "unknown (no config.json beside the metrics)"),
+        ("runs", metrics["run_id"].nunique()),
+        ("train steps per run", ", ".join(sorted({str(int(s)) for s in steps})) or "not logged"),
+        ("models", "; ".join(models) or "unknown"),
+        ("git commit (when the report was built)", commit),
+        (
+            "training wall time (sum of step_time over runs; evals and model loading excluded)",
+            f"{duration(float(secs.sum()))} total; per run {duration(float(secs.min()))} to "
+            f"{duration(float(secs.max()))}"
+            if len(secs)
+            else "not logged",
+        ),
+    ]
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
+    return ["<h2 id='provenance'>Provenance</h2>", kv_table([*pairs, ("package versions", versions)])]
+
+
+def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.DataFrame, links) -> list[str]:
+    secs = train_seconds(metrics)
+    careless = careless_first_last(metrics)
+    flags = failure_flags(failures)
+    recs = []
+    for rid in run_order(summary):
+        r = summary[summary["run_id"] == rid].iloc[0]
+        rec = {
+            "run_id": rid,
+            "base": r["base"],
+            "peak": r["peak"],
+            "peak_step": r["peak_step"] if pd.notna(r["peak_step"]) else None,
+            "terminal": r["terminal"],
+            "gain_peak": r["gain_peak"],
+            "se": r["se"],
+            "signatures": ", ".join(flags.get(rid, [])),
+            "train_time": duration(float(secs.get(rid, math.nan))),
+        }
+        if careless:
+            rec["careless_share"] = careless.get(rid, "")
+        recs.append(rec)
+    note = (
+        "<p class='note'>One row per run; the run id links to its page (curves, per-role metrics, step time, "
+        "transcripts). gain_peak = peak - base; se = standard error of one evaluation at the peak"
+        + ("; careless_share: step 0 -> last eval" if careless else "")
+        + ".</p>"
+    )
+    return ["<h2 id='runs'>Runs</h2>", note, table(pd.DataFrame(recs), links)]
+
+
+def peak_terminal_html(summary: pd.DataFrame) -> str:
+    """The paper-style table as HTML: a scale header row spanning its tasks, a task header row."""
+    pt = peak_terminal_table(summary)
+    if pt.empty:
+        return "<p class='note'>No run has an eval accuracy.</p>"
+    scales: list[list] = []
+    for scale, _ in pt.columns:
+        if scales and scales[-1][0] == scale:
+            scales[-1][1] += 1
+        else:
+            scales.append([scale, 1])
+    top = "<th rowspan='2'>workflow-sharing</th>" + "".join(
+        f"<th colspan='{n}'>{esc(s)}</th>" for s, n in scales
+    )
+    sub = "".join(f"<th>{esc(t)}</th>" for _, t in pt.columns)
+    rows = "".join(
+        f"<tr><td>{esc(label)}</td>" + "".join(f'<td class="n">{esc(v)}</td>' for v in row) + "</tr>"
+        for label, row in pt.iterrows()
+    )
+    return (
+        f"<p class='note'>{esc(CAPTION)}</p><div class='tw'><table><thead><tr>{top}</tr><tr>{sub}</tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
+    )
+
+
+def optional_table_section(name: str, df: pd.DataFrame | None, links) -> list[str]:
+    title, what = OPTIONAL_TABLES[name]
+    anchor = name.removesuffix(".csv")
+    if df is None:
+        return [
+            f"<h2 id='{anchor}'>{esc(title)}</h2>",
+            f"<p class='note'>{esc(name)} was not found next to summary.parquet: the aggregate step that wrote "
+            "these tables does not compute it. Rerun <code>python -m marlflow.aggregate</code> with the current "
+            "marlflow.</p>",
+        ]
+    return [f"<h2 id='{anchor}'>{esc(title)}</h2>", f"<p class='note'>{esc(what)}</p>", table(df, links)]
+
+
+def failure_flags(failures: pd.DataFrame) -> dict[str, list[str]]:
+    flags = {}
+    for rec in failures.to_dict("records"):
+        flags[str(rec["run_id"])] = [
+            k for k in ("cliff", "collapse", "stagnation", "capture") if str(rec.get(k)).lower() == "true"
+        ]
+    return flags
+
+
+def failures_section(failures: pd.DataFrame, links) -> list[str]:
+    flags = failure_flags(failures)
+    recs, clean = [], []
+    for rec in failures.to_dict("records"):
+        rid = str(rec["run_id"])
+        evidence = [e for e in str(rec.get("evidence", "")).split("; ") if e]
+        if not flags[rid] and not evidence:
+            clean.append(rid)
+            continue
+        items = "".join(f"<li>{esc(e)}</li>" for e in evidence)
+        sig = ", ".join(flags[rid]) or "none"
+        recs.append({"run_id": rid, "signature": f"<span class='flag'>{esc(sig)}</span>",
+                     "evidence": f"<ul style='margin:0;padding-left:1.2em'>{items}</ul>"})  # fmt: skip
+    out = [
+        "<h2 id='failures'>Failure signatures</h2>",
+        "<p class='note'>Cliff, collapse, stagnation and capture per run, with the numbers that triggered them "
+        "(rules in Definitions).</p>",
+    ]
+    if recs:
+        out.append(table(pd.DataFrame(recs), links, raw_columns=("signature", "evidence")))
+    if clean:
+        out.append(f"<p class='note'>No signature: {esc(', '.join(clean))}.</p>")
+    return out
+
+
+GRAD_SHOWN = ["run_id", "role", "n_steps", "grad_norm_mean", "grad_norm_max", "grad_share_mean",
+              "grad_share_early", "grad_share_late", "grad_share_shift", "norm_ratio", "dominant",
+              "share_drop_corr"]  # fmt: skip
+
+
+def render_overview(
+    tables: dict[str, object],
+    metrics: pd.DataFrame,
+    figures: dict[str, bytes],
+    run_info: dict[str, dict],
+    links: dict[str, str],
+    commit: str,
+) -> str:
+    """The overview page. Deterministic text for the same inputs, commit and package versions."""
+    summary, failures = tables["summary"], tables["failures"]
+    careless_logged = not careless_series(metrics).empty
+    sections = [("provenance", "Provenance"), ("runs", "Runs"), ("curves", "Curves"),
+                ("peak_terminal", "Peak / terminal"), ("paired_sp_ip", "Paired SP - IP")]  # fmt: skip
+    if careless_logged:
+        sections.append(("careless", "careless_share"))
+    sections += [("failures", "Failure signatures"), ("gradients", "Gradients"), ("summary_by_cell", "By cell"),
+                 ("claims", "Claims"), ("definitions", "Definitions")]  # fmt: skip
+    body = [
         "<h1>marlflow report</h1>",
+        "<nav>" + "".join(f"<a href='#{a}'>{esc(t)}</a>" for a, t in sections) + "</nav>",
+        *provenance_section(run_info, metrics, commit),
+        *runs_section(summary, metrics, failures, links),
+        "<h2 id='curves'>Eval accuracy vs step</h2>",
+        "<p class='note'>Panels of one task share their y axis. Shaded: +- 1 standard error of the evaluation; "
+        "dashed: each run's step-0 base. SP blue, IP red, single-agent green.</p>",
+        figure(figures["curves.png"], "curves.png"),
+        "<h2 id='peak_terminal'>Peak / terminal</h2>",
+        peak_terminal_html(summary),
+        *optional_table_section("paired_sp_ip.csv", tables.get("paired_sp_ip.csv"), links),
     ]
-    for name, data in figures.items():
-        caption = FIGURES[name][1]
-        b64 = base64.b64encode(data).decode("ascii")
-        parts += [f"<h2>{html.escape(caption)}</h2>", f'<img alt="{name}" src="data:image/png;base64,{b64}">']
-    parts += [
-        "<h2>Peak / terminal</h2>",
-        f"<pre>{html.escape(tables['peak_terminal_md'])}</pre>",
-        "<h2>Summary (one row per run)</h2>",
-        html_table(tables["summary"]),
-        "<h2>Failure signatures</h2>",
-        html_table(tables["failures"]),
-        "<h2>Gradient dynamics (run x role)</h2>",
-        html_table(tables["grad_dynamics"]),
-        "<h2>Definitions</h2>",
-        f"<pre>{html.escape(DEFINITIONS)}</pre>",
-        "</body></html>",
+    if careless_logged:
+        body += [
+            "<h2 id='careless'>careless_share</h2>",
+            "<p class='note'>Share of generator and worker eval outputs in the careless style (toy tasks): "
+            "what RL should teach the roles to drop. Step 0 -> last eval per run is in the Runs table.</p>",
+            figure(figures["careless_share.png"], "careless_share.png"),
+        ]
+    grads = tables["grad_dynamics"]
+    body += [
+        *failures_section(failures, links),
+        "<h2 id='gradients'>Gradient traces</h2>",
+        "<p class='note'>Each SP run (left) next to its IP partner (right), y axes shared within the pair. "
+        "Under SP the per-role norms are each role's contribution to the one shared adapter's gradient.</p>",
+        "<h3>Per-role gradient norm</h3>",
+        figure(figures["grad_dynamics.png"], "grad_dynamics.png"),
+        "<h3>Per-role share of the gradient mass</h3>",
+        figure(figures["role_share.png"], "role_share.png"),
+        "<h3>Gradient dynamics (run x role)</h3>",
+        table(grads[[c for c in GRAD_SHOWN if c in grads.columns]], links),
+        *optional_table_section("summary_by_cell.csv", tables.get("summary_by_cell.csv"), links),
+        *optional_table_section("claims.csv", tables.get("claims.csv"), links),
+        "<h2 id='definitions'>Definitions</h2>",
+        f"<pre>{esc(DEFINITIONS)}</pre>",
     ]
-    return "\n".join(parts) + "\n"
+    return page("marlflow report", body)
+
+
+# ---------------------------------------------------------------------------- run pages
+
+
+def per_role_train(metrics: pd.DataFrame) -> pd.DataFrame:
+    """role x metric over train steps: first, early (first third mean), late (last third mean), last."""
+    tr = metrics[metrics["split"] == "train"]
+    recs = []
+    roles = sorted(tr["role"].unique(), key=lambda r: (r == "all", r))
+    for role in roles:
+        for name, g in tr[tr["role"] == role].groupby("metric", sort=True):
+            v = g.sort_values("step")["value"].dropna().to_numpy(float)
+            if not len(v):
+                continue
+            k = math.ceil(len(v) / 3)
+            recs.append({"role": role, "metric": name, "first": v[0], "early_mean": v[:k].mean(),
+                         "late_mean": v[-k:].mean(), "last": v[-1], "steps": len(v)})  # fmt: skip
+    return pd.DataFrame(recs, columns=["role", "metric", "first", "early_mean", "late_mean", "last", "steps"])
+
+
+def per_step_eval(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Eval metrics as rows (role, metric) and one column per eval step."""
+    ev = metrics[metrics["split"] == "eval"]
+    if ev.empty:
+        return pd.DataFrame()
+    t = ev.pivot_table(index=["role", "metric"], columns="step", values="value", aggfunc="last")
+    t.columns = [f"step {c}" for c in t.columns]
+    t = t.reset_index()
+    t["_o"] = t["role"] != "all"
+    return t.sort_values(["_o", "role", "metric"]).drop(columns="_o").reset_index(drop=True)
+
+
+def step_time_split(metrics: pd.DataFrame) -> pd.DataFrame:
+    t = step_time_table(metrics)
+    total = float(t["step_time"].sum())
+    recs = [{"part": "step_time (all)", "total_s": total, "share": 1.0 if total > 0 else math.nan,
+             "mean_per_step_s": float(t["step_time"].mean())}]  # fmt: skip
+    for part in TIME_PARTS:
+        s = float(t[part].sum())
+        recs.append({"part": part, "total_s": s, "share": s / total if total > 0 else math.nan,
+                     "mean_per_step_s": float(t[part].mean())})  # fmt: skip
+    return pd.DataFrame(recs)
+
+
+def transcripts(samples: pd.DataFrame | None) -> list[str]:
+    if samples is None:
+        return ["<p class='note'>No samples.parquet beside this run's metrics.</p>"]
+    if samples.empty:
+        return ["<p class='note'>samples.parquet has no rows for this run.</p>"]
+    out = ["<p class='note'>Eval episodes logged at each evaluation (samples.parquet), every role call in "
+           f"order. Prompts are folded; texts over {TRANSCRIPT_CHARS} characters are cut.</p>"]  # fmt: skip
+    steps = sorted(samples["step"].unique())
+    for step in steps:
+        s = samples[samples["step"] == step]
+        eps = s.groupby("episode", sort=True)
+        rewards = [float(g["reward"].iloc[0]) for _, g in eps]
+        opened = " open" if step == steps[-1] else ""
+        out.append(
+            f"<details{opened}><summary><b>step {int(step)}</b>: {len(rewards)} episodes, mean reward "
+            f"{np.mean(rewards):.2f}</summary>"
+        )
+        for ep, g in eps:
+            reward = float(g["reward"].iloc[0])
+            cls = "ok" if reward > 0 else "bad"
+            out.append(f"<h3>episode {int(ep)} · problem {esc(g['uid'].iloc[0])} · "
+                       f"<span class='{cls}'>reward {reward:.2f}</span></h3>")  # fmt: skip
+            for rec in g.to_dict("records"):
+                ff = " · <span class='bad'>format failure</span>" if bool(rec["format_failure"]) else ""
+                out.append(
+                    f"<div class='call'><b>{esc(rec['slot'])}</b> ({esc(rec['role'])}){ff}"
+                    f"<details><summary>prompt</summary><pre>{esc(_cut(rec['prompt']))}</pre></details>"
+                    f"<pre>{esc(_cut(rec['output']))}</pre></div>"
+                )
+        out.append("</details>")
+    return out
+
+
+def _cut(text: object) -> str:
+    t = "" if text is None else str(text)
+    return (
+        t
+        if len(t) <= TRANSCRIPT_CHARS
+        else t[:TRANSCRIPT_CHARS] + f" [... {len(t) - TRANSCRIPT_CHARS} chars cut]"
+    )
+
+
+def flat_config(cfg: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for k in sorted(cfg):
+        v = cfg[k]
+        if isinstance(v, dict):
+            out += flat_config(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", json.dumps(v) if isinstance(v, list | bool) or v is None else v))
+    return out
+
+
+def render_run_page(
+    rid: str,
+    m: pd.DataFrame,
+    info: dict,
+    summary_row: dict | None,
+    failure: dict | None,
+    overview_href: str,
+    nav: tuple[str | None, str | None],
+) -> str:
+    """One run's page; `m` holds that run's metrics rows only."""
+    fac = m[FACTOR_COLUMNS].iloc[0].to_dict()
+    prev_href, next_href = nav
+    links = [f"<a href='{esc(overview_href)}'>overview</a>"]
+    if prev_href:
+        links.append(f"<a href='{esc(prev_href)}'>previous run</a>")
+    if next_href:
+        links.append(f"<a href='{esc(next_href)}'>next run</a>")
+    links += [f"<a href='#{a}'>{t}</a>" for a, t in (("curves", "curves"), ("roles", "per-role metrics"),
+              ("time", "step time"), ("transcripts", "transcripts"))]  # fmt: skip
+    t = step_time_table(m)
+    facts = [(k, fac[k]) for k in FACTOR_COLUMNS[1:]]
+    if summary_row:
+        facts += [(k, summary_row[k]) for k in ("base", "peak", "peak_step", "terminal", "gain_peak", "se")]
+    facts.append(("train steps logged", len(t)))
+    facts.append(("training wall time (sum of step_time)", duration(float(t["step_time"].sum())) if len(t)
+                  else "not logged"))  # fmt: skip
+    if failure:
+        facts.append(("failure evidence", failure.get("evidence") or "none"))
+    if info["done"]:
+        facts.append(("DONE", json.dumps(info["done"], sort_keys=True)))
+    curves = eval_curves(m)
+    body = [
+        f"<h1>{esc(rid)}</h1>",
+        "<nav>" + "".join(links) + "</nav>",
+        "<h2 id='facts'>Run</h2>",
+        kv_table(facts),
+    ]
+    if info["config"]:
+        body += [
+            "<details><summary>config.json</summary>",
+            kv_table(flat_config(info["config"])),
+            "</details>",
+        ]
+    body += [
+        "<h2 id='curves'>Curves</h2>",
+        "<p class='note'>Shaded: +- 1 standard error of the evaluation.</p>",
+        figure(png_bytes(plot_run(m)), f"{rid} curves"),
+    ]
+    if not curves.empty:
+        c = curves.sort_values("step").assign(se=lambda d: with_se(d))
+        body.append(table(c[["step", "accuracy", "se", "n_eval"]]))
+    body += [
+        "<h2 id='roles'>Per-role metrics</h2>",
+        "<h3>Eval, per evaluation step</h3>",
+        table(per_step_eval(m)),
+        "<h3>Train, over the run's steps</h3>",
+        "<p class='note'>early_mean / late_mean: mean over the first / last third of the train steps.</p>",
+        table(per_role_train(m)),
+        "<h2 id='time'>Step-time split</h2>",
+    ]
+    if len(t):
+        body += [figure(png_bytes(plot_step_time(m)), f"{rid} step time"), table(step_time_split(m))]
+    else:
+        body.append("<p class='note'>No step_time rows logged.</p>")
+    body += ["<h2 id='transcripts'>Sample transcripts by step</h2>", *transcripts(info["samples"])]
+    return page(f"marlflow run {rid}", body)
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def _href(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target, start)).as_posix()
 
 
 def make_report(
@@ -91,17 +699,45 @@ def make_report(
     runs: Sequence[str | os.PathLike],
     figures_dir: str | os.PathLike,
     html_path: str | os.PathLike,
+    pages_dir: str | os.PathLike | None = None,
+    commit: str | None = None,
 ) -> dict[str, Path]:
-    """Write the three figures and the HTML page; return {name: path}."""
+    """Write the FIGURES, the overview page and one page per run; return {name: path} of every file written
+    (exactly `outputs(...)`). `commit` defaults to git_commit() of the working directory."""
     tables = read_tables(tables_dir)
     metrics, _ = load_runs(runs)
-    figures_dir = Path(figures_dir)
+    run_info = run_files(runs, metrics)
+    html_path, figures_dir = Path(html_path), Path(figures_dir)
+    pages = default_pages_dir(html_path) if pages_dir is None else Path(pages_dir)
+    commit = git_commit() if commit is None else commit
     written, pngs = {}, {}
     for name, (plot, _) in FIGURES.items():
         pngs[name] = save_png(plot(metrics), figures_dir / name)
         written[name] = figures_dir / name
-    atomic_write_text(html_path, render_html(tables, pngs))
-    written["report.html"] = Path(html_path)
+    order = run_order(tables["summary"])
+    order += sorted(set(metrics["run_id"]) - set(order))
+    page_paths = {rid: pages / RUN_PAGE.format(run_id=rid) for rid in order}
+    links = {rid: _href(p, html_path.parent) for rid, p in page_paths.items()}
+    atomic_write_text(html_path, render_overview(tables, metrics, pngs, run_info, links, commit))
+    written[html_path.name] = html_path
+    summary = tables["summary"].set_index("run_id", drop=False)
+    failures = tables["failures"].astype({"run_id": str}).set_index("run_id", drop=False)
+    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
+    for i, rid in enumerate(order):
+        nav = tuple(
+            _href(page_paths[order[j]], pages) if 0 <= j < len(order) else None for j in (i - 1, i + 1)
+        )
+        text = render_run_page(
+            rid,
+            by_run[rid],
+            run_info[rid],
+            summary.loc[rid].to_dict() if rid in summary.index else None,
+            failures.loc[rid].to_dict() if rid in failures.index else None,
+            _href(html_path, pages),
+            nav,
+        )
+        atomic_write_text(page_paths[rid], text)
+        written[f"pages/{page_paths[rid].name}"] = page_paths[rid]
     return written
 
 
@@ -110,13 +746,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tables", required=True, help="folder written by marlflow.aggregate")
     parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
     parser.add_argument("--figures", required=True, help="output folder for PNGs, e.g. results/figures")
-    parser.add_argument("--html", required=True, help="output HTML file, e.g. results/report.html")
+    parser.add_argument("--html", required=True, help="overview page, e.g. results/report.html")
+    parser.add_argument(
+        "--pages", default=None, help="folder for one page per run (default: --html without .html)"
+    )
     args = parser.parse_args(argv)
     try:
-        written = make_report(args.tables, args.runs, args.figures, args.html)
+        written = make_report(args.tables, args.runs, args.figures, args.html, args.pages)
     except (ValueError, FileNotFoundError) as e:
         parser.exit(2, f"marlflow.report: error: {e}\n")
-    print(f"wrote {', '.join(str(p) for p in written.values())}")
+    pages = default_pages_dir(args.html) if args.pages is None else Path(args.pages)
+    print(f"wrote {len(written)} files: figures in {args.figures}, run pages in {pages}")
+    print(f"report: {Path(args.html).resolve()}")
     return 0
 
 

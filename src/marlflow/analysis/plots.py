@@ -1,12 +1,23 @@
 """Figures for the report (matplotlib, Agg backend). Each plot function returns a Figure; nothing is shown.
 
-    fig = plot_curves(metrics)        # eval accuracy vs step, one panel per workflow x task
-    fig = plot_grad_norm(metrics)     # per-role grad_norm vs step, one panel per run (log scale)
-    fig = plot_role_share(metrics)    # per-role grad_share vs step, stacked, one panel per run
+Overview figures (all runs):
+
+    fig = plot_curves(metrics)          # eval accuracy +- 1 SE vs step; panel per workflow x task, y shared per task
+    fig = plot_grad_norm(metrics)       # per-role grad_norm vs step, SP panel next to its IP panel (log scale)
+    fig = plot_role_share(metrics)      # per-role grad_share vs step, stacked, SP next to IP
+    fig = plot_careless_share(metrics)  # eval careless_share vs step (toy tasks log it); placeholder if absent
+
+Per-run figures (one run's rows):
+
+    fig = plot_run(metrics_of_one_run)        # accuracy +- SE and other eval metrics, reward, per-role gradients
+    fig = plot_step_time(metrics_of_one_run)  # stacked time_generate / time_score / time_backward / time_other
+
     save_png(fig, "results/figures/curves.png")   # atomic; returns the PNG bytes
 
 Colours are fixed: SP blue, IP red, single-agent baseline green; each run's base accuracy is a dashed
-horizontal line in its run's colour. Scales are told apart by marker.
+horizontal line in its run's colour; the shaded band is +- one standard error of the evaluation (the logged
+accuracy_se, else sqrt(p(1-p)/n_eval)). Scales are told apart by marker. Panels of one task share their y
+axis so that gains are visually comparable across workflows; an SP panel and its IP partner share theirs.
 """
 
 from __future__ import annotations
@@ -18,12 +29,20 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from marlflow.analysis.curves import eval_curves, wide  # noqa: E402
-from marlflow.analysis.tables import SCALE_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key  # noqa: E402
+from marlflow.analysis.tables import (  # noqa: E402
+    SCALE_ORDER,
+    SHARING_ORDER,
+    TASK_ORDER,
+    WORKFLOW_ORDER,
+    order_key,
+)
 from marlflow.metrics import atomic_write_bytes  # noqa: E402
 
 SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
@@ -36,6 +55,13 @@ ROLE_COLOURS = {
     "worker": "#17becf",
     "synthesizer": "#bcbd22",
 }
+TIME_PARTS = ["time_generate", "time_score", "time_backward", "time_other"]
+TIME_COLOURS = dict(zip(TIME_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"]))
+# eval metrics (role "all") drawn next to accuracy on a run's page when logged
+EXTRA_EVAL = ["any_correct", "generator_accuracy", "worker_accuracy", "careless_share"]
+EXTRA_STYLES = dict(zip(EXTRA_EVAL, [":", "-.", "-.", "--"]))
+# the cell a run belongs to, sharing left out: an SP run and its IP partner share this key
+PAIR_KEY = ["workflow", "scale", "task", "seed", "intervention"]
 
 
 def colour(workflow: str, sharing: str) -> str:
@@ -43,95 +69,283 @@ def colour(workflow: str, sharing: str) -> str:
     return SHARING_COLOURS["single"] if workflow == "single" else SHARING_COLOURS.get(sharing, "#7f7f7f")
 
 
-def _grid(n: int, ncols: int, w: float = 4.0, h: float = 3.0) -> tuple[Figure, list]:
-    ncols = max(1, min(ncols, n))
-    nrows = max(1, math.ceil(n / ncols))
-    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
-    axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(max(n, 1))]
-    return fig, axes
+def role_colour(role: str) -> str:
+    return ROLE_COLOURS.get(role, "#7f7f7f")
+
+
+def with_se(curves: pd.DataFrame) -> pd.Series:
+    """Standard error per curve row: accuracy_se where logged, else sqrt(p(1-p)/n_eval), else NaN."""
+    p = curves["accuracy"].astype(float)
+    n = curves["n_eval"].astype(float)
+    fallback = np.sqrt((p * (1.0 - p)).clip(lower=0.0) / n.where(n > 0))
+    return curves["accuracy_se"].astype(float).fillna(fallback)
+
+
+def _placeholder(text: str, w: float = 6.0, h: float = 1.5) -> Figure:
+    fig = Figure(figsize=(w, h), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    ax.set_axis_off()
+    return fig
+
+
+def _task_ylim(panel: pd.DataFrame) -> tuple[float, float]:
+    """y range covering every accuracy +- SE of one task, padded, clipped to [0, 1]."""
+    lo = float((panel["accuracy"] - panel["se"].fillna(0)).min())
+    hi = float((panel["accuracy"] + panel["se"].fillna(0)).max())
+    pad = max(0.02, 0.05 * (hi - lo))
+    return max(0.0, lo - pad), min(1.0, hi + pad)
 
 
 def plot_curves(metrics: pd.DataFrame) -> Figure:
-    """Eval accuracy vs step; one panel per workflow x task present (rows workflow, columns task)."""
+    """Eval accuracy +- SE vs step; one panel per workflow x task (rows workflow, columns task).
+
+    All panels of one task share one y axis, so equal gains look equal.
+    """
     curves = eval_curves(metrics)
+    if curves.empty:
+        return _placeholder("no eval accuracy logged")
+    curves = curves.assign(se=with_se(curves))
     workflows = sorted(curves["workflow"].unique(), key=order_key(WORKFLOW_ORDER))
     tasks = sorted(curves["task"].unique(), key=order_key(TASK_ORDER))
     scales = sorted(curves["scale"].unique(), key=order_key(SCALE_ORDER))
     marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(scales)}
-    nrows, ncols = max(1, len(workflows)), max(1, len(tasks))
-    fig = Figure(figsize=(4.5 * ncols, 3.2 * nrows), layout="constrained")
-    for i, w in enumerate(workflows):
-        for j, t in enumerate(tasks):
-            ax = fig.add_subplot(nrows, ncols, i * ncols + j + 1)
+    nrows, ncols = len(workflows), len(tasks)
+    fig = Figure(figsize=(4.5 * ncols, 2.9 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharey="col", squeeze=False)
+    for j, t in enumerate(tasks):
+        axes[0][j].set_ylim(*_task_ylim(curves[curves["task"] == t]))
+        for i, w in enumerate(workflows):
+            ax = axes[i][j]
             ax.set_title(f"{w} / {t}", fontsize=10)
             ax.set_xlabel("step")
             ax.set_ylabel("eval accuracy")
+            ax.tick_params(labelleft=True)
+            ax.grid(alpha=0.3, lw=0.5)
             panel = curves[(curves["workflow"] == w) & (curves["task"] == t)]
             for _, c in panel.groupby("run_id", sort=True):
                 c = c.sort_values("step")
                 col = colour(w, c["sharing"].iloc[0])
-                ax.plot(c["step"], c["accuracy"], color=col, marker=marker[c["scale"].iloc[0]], ms=3, lw=1.2)
+                x, y, se = c["step"].to_numpy(), c["accuracy"].to_numpy(float), c["se"].to_numpy(float)
+                if np.isfinite(se).any():
+                    ax.fill_between(x, y - se, y + se, color=col, alpha=0.15, lw=0)
+                ax.plot(x, y, color=col, marker=marker[c["scale"].iloc[0]], ms=3, lw=1.2)
                 base = c[c["step"] == 0]["accuracy"]
                 if len(base):
                     ax.axhline(float(base.iloc[0]), color=col, ls="--", lw=0.8, alpha=0.6)
-    if not workflows:
-        fig.add_subplot(1, 1, 1).text(0.5, 0.5, "no eval accuracy", ha="center", va="center")
+            if panel.empty:
+                ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="#777")
     handles = [Line2D([], [], color=v, label=k) for k, v in SHARING_COLOURS.items()]
     handles += [Line2D([], [], color="k", marker=marker[s], ls="", label=s) for s in scales]
     handles.append(Line2D([], [], color="k", ls="--", lw=0.8, label="base (step 0)"))
+    handles.append(Patch(color="#999", alpha=0.3, label="+- 1 SE"))
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), fontsize=8)
     return fig
 
 
-def _role_panels(metrics: pd.DataFrame, metric: str, title: str, ncols: int = 4) -> tuple[Figure, list, dict]:
-    series = wide(metrics, "train", None, [metric])
-    series = series[(series["role"] != "all") & series[metric].notna()]
-    runs = dict(tuple(series.groupby("run_id", sort=True)))
-    fig, axes = _grid(len(runs), ncols)
-    if not runs:
-        axes[0].text(0.5, 0.5, f"no per-role {metric}", ha="center", va="center")
-    for ax, rid in zip(axes, runs):
-        ax.set_title(rid, fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel(title)
-    return fig, axes, runs
+def run_pairs(factors: pd.DataFrame) -> list[dict[str, str]]:
+    """Runs grouped by cell (PAIR_KEY): [{'sp': run_id, 'ip': run_id}, ...] in paper order (one side may be
+    missing, e.g. the single-agent baseline has SP only)."""
+    wf, sc, tk = order_key(WORKFLOW_ORDER), order_key(SCALE_ORDER), order_key(TASK_ORDER)
+    groups: dict[tuple, dict[str, str]] = {}
+    for rec in factors.drop_duplicates("run_id").to_dict("records"):
+        key = tuple(rec[k] for k in PAIR_KEY)
+        groups.setdefault(key, {})[rec["sharing"]] = rec["run_id"]
+    keys = sorted(groups, key=lambda k: (wf(k[0]), sc(k[1]), tk(k[2]), k[3], k[4] != "none", k[4]))
+    return [groups[k] for k in keys]
+
+
+def _pair_panels(series: pd.DataFrame, ylabel: str, pairs_per_row: int = 2):
+    """A grid with each cell's SP panel left of its IP panel (the two share y); yields (ax, run_id, rows)."""
+    by_run = dict(tuple(series.groupby("run_id", sort=True)))
+    pairs = run_pairs(series)
+    sharings = [s for s in SHARING_ORDER if any(s in p for p in pairs)]
+    sharings += sorted({s for p in pairs for s in p} - set(sharings))
+    per = max(1, len(sharings))
+    ppr = max(1, min(pairs_per_row, len(pairs)))
+    nrows = max(1, math.ceil(len(pairs) / ppr))
+    fig = Figure(figsize=(3.6 * per * ppr, 2.7 * nrows + 0.5), layout="constrained")
+    panels = []
+    for k, pair in enumerate(pairs):
+        row, slot = divmod(k, ppr)
+        first = None
+        for m, sharing in enumerate(sharings):
+            rid = pair.get(sharing)
+            if rid is None:
+                continue  # no partner (single-agent baseline): leave the slot empty
+            ax = fig.add_subplot(nrows, per * ppr, row * per * ppr + slot * per + m + 1)
+            if first is None:
+                first = ax
+            else:
+                ax.sharey(first)
+            ax.set_title(rid, fontsize=8)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.tick_params(labelsize=7)
+            panels.append((ax, rid, by_run[rid]))
+    return fig, panels
 
 
 def _role_legend(fig: Figure, roles: set[str]) -> None:
-    handles = [Line2D([], [], color=ROLE_COLOURS.get(r, "#7f7f7f"), label=r) for r in sorted(roles)]
+    handles = [Line2D([], [], color=role_colour(r), label=r, lw=3) for r in sorted(roles)]
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
 
 
-def plot_grad_norm(metrics: pd.DataFrame, ncols: int = 4) -> Figure:
-    """Per-role gradient norm (train split) vs step, log scale, one panel per run."""
-    fig, axes, runs = _role_panels(metrics, "grad_norm", "grad_norm", ncols)
+def _role_series(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
+    series = wide(metrics, "train", None, [metric])
+    return series[(series["role"] != "all") & series[metric].notna()].reset_index(drop=True)
+
+
+def plot_grad_norm(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
+    """Per-role gradient norm (train split) vs step, log scale; each SP panel next to its IP partner."""
+    series = _role_series(metrics, "grad_norm")
+    if series.empty:
+        return _placeholder("no per-role grad_norm logged")
+    fig, panels = _pair_panels(series, "grad_norm", pairs_per_row)
     roles = set()
-    for ax, (_, s) in zip(axes, runs.items()):
+    for ax, _, s in panels:
         for role, r in s.groupby("role", sort=True):
             roles.add(role)
-            ax.plot(r["step"], r["grad_norm"], color=ROLE_COLOURS.get(role, "#7f7f7f"), lw=1.0)
+            ax.plot(r["step"], r["grad_norm"], color=role_colour(role), lw=1.0)
         if (s["grad_norm"] > 0).all():
             ax.set_yscale("log")
     _role_legend(fig, roles)
     return fig
 
 
-def plot_role_share(metrics: pd.DataFrame, ncols: int = 4) -> Figure:
-    """Per-role share of the step's gradient mass vs step, stacked areas, one panel per run."""
-    fig, axes, runs = _role_panels(metrics, "grad_share", "grad_share", ncols)
+def plot_role_share(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
+    """Per-role share of the step's gradient mass vs step, stacked areas; each SP panel next to its IP one."""
+    series = _role_series(metrics, "grad_share")
+    if series.empty:
+        return _placeholder("no per-role grad_share logged")
+    fig, panels = _pair_panels(series, "grad_share", pairs_per_row)
     roles = set()
-    for ax, (_, s) in zip(axes, runs.items()):
+    for ax, _, s in panels:
         table = s.pivot(index="step", columns="role", values="grad_share").fillna(0.0).sort_index()
         table = table[sorted(table.columns)]
         roles.update(table.columns)
-        ax.stackplot(
-            table.index,
-            *(table[c] for c in table.columns),
-            colors=[ROLE_COLOURS.get(c, "#7f7f7f") for c in table.columns],
-        )
+        ax.stackplot(table.index, *(table[c] for c in table.columns), colors=[role_colour(c) for c in table])
         ax.set_ylim(0, max(1.0, float(table.sum(axis=1).max())))
     _role_legend(fig, roles)
+    return fig
+
+
+def careless_series(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Eval careless_share per run x step (role "all"); empty if no run logs it."""
+    s = wide(metrics, "eval", "all", ["careless_share"])
+    return s[s["careless_share"].notna()].reset_index(drop=True)
+
+
+def plot_careless_share(metrics: pd.DataFrame) -> Figure:
+    """Share of generator/worker eval outputs in the careless style vs step; one panel per task, lines per run
+    (colour by sharing, line style by workflow). A placeholder figure when no run logs careless_share."""
+    s = careless_series(metrics)
+    if s.empty:
+        return _placeholder("careless_share is not logged by these runs (only toy tasks log it)")
+    tasks = sorted(s["task"].unique(), key=order_key(TASK_ORDER))
+    workflows = sorted(s["workflow"].unique(), key=order_key(WORKFLOW_ORDER))
+    styles = dict(zip(workflows, ["-", "--", ":", "-."] * 3))
+    fig = Figure(figsize=(4.5 * len(tasks), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(tasks), sharey=True, squeeze=False)[0]
+    for ax, t in zip(axes, tasks):
+        ax.set_title(f"careless_share / {t}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3, lw=0.5)
+        for _, c in s[s["task"] == t].groupby("run_id", sort=True):
+            c = c.sort_values("step")
+            w = c["workflow"].iloc[0]
+            ax.plot(
+                c["step"], c["careless_share"], color=colour(w, c["sharing"].iloc[0]), ls=styles[w], lw=1.2
+            )
+    axes[0].set_ylabel("share of solver outputs")
+    handles = [Line2D([], [], color=v, label=k) for k, v in SHARING_COLOURS.items()]
+    handles += [Line2D([], [], color="k", ls=styles[w], label=w) for w in workflows]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    return fig
+
+
+def plot_run(metrics: pd.DataFrame) -> Figure:
+    """One run's page figure, four panels: eval accuracy +- SE with the other workflow-level eval metrics;
+    train reward_mean (workflow and per role); per-role grad_norm; per-role grad_share."""
+    if metrics["run_id"].nunique() != 1:
+        raise ValueError(f"plot_run takes one run's metrics, got runs {sorted(metrics['run_id'].unique())}")
+    fig = Figure(figsize=(11, 6.4), layout="constrained")
+    (a_eval, a_rew), (a_norm, a_share) = fig.subplots(2, 2)
+    curves = eval_curves(metrics)
+    ev = wide(metrics, "eval", "all", EXTRA_EVAL)
+    a_eval.set_title("eval (workflow)", fontsize=10)
+    if not curves.empty:
+        c = curves.sort_values("step")
+        se = with_se(c).to_numpy(float)
+        x, y = c["step"].to_numpy(), c["accuracy"].to_numpy(float)
+        if np.isfinite(se).any():
+            a_eval.fill_between(x, y - se, y + se, color="k", alpha=0.12, lw=0, label="+- 1 SE")
+        a_eval.plot(x, y, color="k", marker="o", ms=3, lw=1.4, label="accuracy")
+    for name in EXTRA_EVAL:
+        e = ev[["step", name]].dropna().sort_values("step")
+        if len(e):
+            a_eval.plot(e["step"], e[name], ls=EXTRA_STYLES[name], marker=".", lw=1.0, label=name)
+    a_eval.set_ylim(-0.02, 1.02)
+    _finish(a_eval, "value")
+    rew = wide(metrics, "train", None, ["reward_mean"]).dropna(subset=["reward_mean"])
+    a_rew.set_title("train reward_mean", fontsize=10)
+    for role, r in rew.groupby("role", sort=True):
+        kw = dict(color="k", lw=1.4) if role == "all" else dict(color=role_colour(role), lw=0.9, alpha=0.8)
+        a_rew.plot(r["step"], r["reward_mean"], label=role, **kw)
+    _finish(a_rew, "reward_mean")
+    for ax, name in ((a_norm, "grad_norm"), (a_share, "grad_share")):
+        s = _role_series(metrics, name)
+        ax.set_title(f"per-role {name}", fontsize=10)
+        for role, r in s.groupby("role", sort=True):
+            ax.plot(r["step"], r[name], color=role_colour(role), lw=1.0, label=role)
+        if name == "grad_norm" and len(s) and (s[name] > 0).all():
+            ax.set_yscale("log")
+        _finish(ax, name)
+    return fig
+
+
+def _finish(ax, ylabel: str) -> None:
+    ax.set_xlabel("step", fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3, lw=0.5)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="#777")
+
+
+def step_time_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per train step of one or more runs: run_id, step, step_time and the TIME_PARTS (role "all" rows)."""
+    t = wide(metrics, "train", "all", ["step_time", *TIME_PARTS])
+    return t[["run_id", "step", "step_time", *TIME_PARTS]].dropna(subset=["step_time"]).reset_index(drop=True)
+
+
+def plot_step_time(metrics: pd.DataFrame) -> Figure:
+    """Seconds per train step of one run, stacked by part (generate, score, backward, other)."""
+    t = step_time_table(metrics)
+    if t.empty:
+        return _placeholder("no step_time logged")
+    fig = Figure(figsize=(11, 2.8), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    bottom = np.zeros(len(t))
+    for part in TIME_PARTS:
+        v = t[part].fillna(0.0).clip(lower=0.0).to_numpy(float)
+        ax.bar(
+            t["step"],
+            v,
+            bottom=bottom,
+            width=0.85,
+            color=TIME_COLOURS[part],
+            label=part.removeprefix("time_"),
+        )
+        bottom += v
+    ax.set_xlabel("step", fontsize=9)
+    ax.set_ylabel("seconds", fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, ncols=len(TIME_PARTS), loc="upper right")
     return fig
 
 

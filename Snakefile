@@ -29,6 +29,5 @@ include: "rules/report.smk"
 rule all:
     default_target: True
     input:
-        "results/tables/summary.csv",
-        "results/figures/curves.png",
-        "results/report.html",
+        rules.aggregate.output,
+        rules.report.output,

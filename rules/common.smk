@@ -1,5 +1,6 @@
 # The run sheet (one row per training run) and helpers shared by all rules.
 import json
+import os
 import sys
 import re
 

@@ -1,7 +1,9 @@
 # One model folder per scale: toy/smol are built locally, hub scales get a validated pointer.
+# The whole folder is the output, because what `prepare` writes differs by scale (toy: weights, tokenizer,
+# warmstart.json; hub scales: READY only); READY, written last, records what was prepared.
 rule models:
     output:
-        "results/models/{scale}/READY",
+        directory("results/models/{scale}"),
     log:
         "results/logs/models/{scale}.log",
     conda:
@@ -10,4 +12,4 @@ rule models:
         model=lambda wildcards: MODELS[wildcards.scale],
     shell:
         "python -m marlflow.models prepare --scale {wildcards.scale} --model {params.model:q}"
-        " --out results/models/{wildcards.scale} > {log} 2>&1"
+        " --out {output:q} > {log} 2>&1"

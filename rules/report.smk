@@ -1,15 +1,35 @@
-# Tables + per-run metrics -> figures and one self-contained HTML report.
+# Tables + per-run metrics -> figures, the overview page and one page per run.
+# Every file marlflow.report writes is declared, generated from its own output contract (`outputs()`).
+from marlflow.report import outputs as report_outputs
+
+REPORT_FIGURES = "results/figures"
+REPORT_HTML = "results/report.html"
+REPORT_PAGES = "results/report"
+REPORT_OUTPUTS = [
+    str(p) for p in report_outputs(REPORT_FIGURES, REPORT_HTML, REPORT_PAGES, RUN_IDS)
+]
+
+
 rule report:
     input:
         tables=rules.aggregate.output,
         metrics=expand("results/runs/{run_id}/metrics.parquet", run_id=RUN_IDS),
+        samples=expand("results/runs/{run_id}/samples.parquet", run_id=RUN_IDS),
+        configs=expand("results/runs/{run_id}/config.json", run_id=RUN_IDS),
     output:
-        curves="results/figures/curves.png",
-        html="results/report.html",
+        html=REPORT_HTML,
+        figures=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_FIGURES],
+        pages=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_PAGES],
     log:
         "results/logs/report.log",
     conda:
         "envs/marlflow.yaml"
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
+        figures=lambda wildcards, output: os.path.dirname(output.figures[0]),
+        pages=lambda wildcards, output: (
+            os.path.dirname(output.pages[0]) if output.pages else REPORT_PAGES
+        ),
     shell:
-        "python -m marlflow.report --tables results/tables --runs {input.metrics}"
-        " --figures results/figures --html {output.html} > {log} 2>&1"
+        "python -m marlflow.report --tables {params.tables:q} --runs {input.metrics:q}"
+        " --figures {params.figures:q} --html {output.html:q} --pages {params.pages:q} > {log} 2>&1"

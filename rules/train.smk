@@ -19,16 +19,23 @@ rule run_config:
         write_config(params.config, output.config, log[0])
 
 
+# Outputs are what `python -m marlflow.train` writes (its docstring; tests/test_rules.py checks a real run
+# against them). RUN/checkpoints/ is deliberately not an output: it is the job's resume state, and
+# Snakemake deletes a job's outputs before it runs and after it fails, which would throw away exactly
+# what a rerun resumes from.
 rule train:
     input:
         config="results/runs/{run_id}/config.json",
-        model=lambda wildcards: f"results/models/{run_scale(wildcards)}/READY",
+        model=lambda wildcards: f"results/models/{run_scale(wildcards)}",
     output:
         metrics="results/runs/{run_id}/metrics.parquet",
         samples="results/runs/{run_id}/samples.parquet",
+        final=directory("results/runs/{run_id}/final"),
         done="results/runs/{run_id}/DONE",
     log:
         "results/logs/train/{run_id}.log",
+    benchmark:
+        "results/benchmarks/train/{run_id}.tsv"
     conda:
         "envs/marlflow.yaml"
     # CPU-only defaults; GPUs, memory and time per scale come from a profile's `scale_resources`.
@@ -39,5 +46,7 @@ rule train:
         ),
         mem_mb=scale_resource("mem_mb", 4000),
         runtime=scale_resource("runtime", 120),
+    params:
+        run_dir=lambda wildcards, output: os.path.dirname(output.done),
     shell:
-        "python -m marlflow.train --config {input.config} --out results/runs/{wildcards.run_id} > {log} 2>&1"
+        "python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} > {log} 2>&1"

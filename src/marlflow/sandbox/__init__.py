@@ -1,0 +1,74 @@
+"""Run untrusted, model-written Python against tests; the verdict is decided where the program cannot reach.
+
+The candidate runs in a fresh forked process (own session and process group, CPU-time, address-space,
+process-count and file-size limits, a private tmpfs working directory, scrubbed environment, no network,
+wall-clock deadline). It is given only the program and the arguments of the calls to make (or a stdin);
+it sends back each return value in a strict encoding (exact builtin types, no subclasses). The caller of
+the pool keeps the expected values and compares: an object whose `==` always says yes, a patched harness
+or builtins, a frame walk into the harness: none of them can reach the comparison.
+
+- Function-call tests: asserts are converted to (call, expected) pairs by an AST pass (`_convert`).
+  Tests of other shapes (loops, helpers, random inputs) run in a separate judge process forked after the
+  candidate, which calls the candidate's functions over a pipe; only the judge can write its verdict.
+- stdin/stdout tests: the whole stdout is compared by the caller, up to STDOUT_LIMIT (4 MiB); a program
+  that prints more gets `output_limit`, never `passed`.
+- Layers, strongest first (each one the kernel refuses is skipped, the rest still hold; without Landlock
+  the pool says so loudly once at start): a network namespace; uid 65534 when run as root; Landlock
+  (read-only Python install, read-write working dir, no execve, no TCP, scoped signals); no_new_privs;
+  rlimits; a subreaper that kills escaped descendants; an audit hook (`_guard`) refusing processes,
+  sockets, ctypes and private modules (also under another name), frame/gc introspection, directory fds
+  and chdir outside the working dir, and writes outside it.
+
+Statuses: passed, failed, timeout, memory, crashed, syntax_error, output_limit. Limits are validated
+(timeout finite, 0 < t <= 600 s; memory 1..262144 MiB) and cannot be switched off.
+
+Python API (the trainer calls `verify_many` every step; identical jobs are cached):
+
+    from marlflow.sandbox import verify_many
+    results = verify_many([(code, tests), (code2, "", stdin, expected)], timeout=5, memory_mb=1024)
+
+Command line (prints one JSON object; exit 0 whatever the verdict, 2 with a JSON error for bad input):
+
+    python -m marlflow.sandbox --code sol.py [--tests tests.py] [--stdin in.txt --expect out.txt]
+        [--timeout 5] [--memory-mb 1024]
+
+Module order matters: `_result` (constants, encoding) and `_kernel` have no side effects beyond probing
+Landlock; `_guard` snapshots modules and builtins at import, before `_child`, `_supervisor` (the worker
+process), `_convert`/`_verdict` (the trusted side), `_pool` and `_cli` are imported.
+"""
+
+from marlflow.sandbox._result import (  # isort: skip
+    CALLS_MARKER,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT,
+    OUTPUT_CAP,
+    RESULT_LIMIT,
+    STATUSES,
+    STDIO_MARKER,
+    STDOUT_LIMIT,
+    TMP_PREFIX,
+    SandboxResult,
+    check_limits,
+    outputs_match,
+    stdio_tests,
+)
+from marlflow.sandbox._kernel import _LL_ABI  # isort: skip
+from marlflow.sandbox._guard import SandboxViolation  # isort: skip
+from marlflow.sandbox._supervisor import _serve  # isort: skip
+from marlflow.sandbox._convert import convert, count_asserts  # isort: skip
+from marlflow.sandbox._pool import (  # isort: skip
+    SandboxPool,
+    clear_cache,
+    run_local,
+    shutdown,
+    verify,
+    verify_many,
+)
+from marlflow.sandbox._cli import main  # isort: skip
+
+__all__ = [
+    "CALLS_MARKER", "MAX_MEMORY_MB", "MAX_TIMEOUT", "OUTPUT_CAP", "RESULT_LIMIT", "STATUSES", "STDIO_MARKER",
+    "STDOUT_LIMIT", "TMP_PREFIX", "SandboxPool", "SandboxResult", "SandboxViolation", "_LL_ABI", "_serve",
+    "check_limits", "clear_cache", "convert", "count_asserts", "main", "outputs_match", "run_local",
+    "shutdown", "stdio_tests", "verify", "verify_many",
+]  # fmt: skip

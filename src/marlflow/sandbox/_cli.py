@@ -1,0 +1,88 @@
+"""Command line: one job, one JSON object on stdout. Exit 0 whatever the verdict; bad arguments or
+unreadable files give a one-line JSON error on stdout and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from marlflow.sandbox._pool import run_local
+from marlflow.sandbox._result import MAX_MEMORY_MB, MAX_TIMEOUT, check_limits
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and exit 2 with a multi-line message
+        raise _UsageError(message)
+
+
+def _fail(msg: str) -> int:
+    sys.stdout.write(json.dumps({"error": msg, "status": "usage_error"}) + "\n")
+    return 2
+
+
+def _read(path: str, what: str) -> str:
+    if os.path.isdir(path):
+        raise _UsageError(f"{what} {path!r} is a directory; give a file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise _UsageError(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _UsageError(f"{what} {path!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
+    if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be finite, > 0 and <= {MAX_TIMEOUT:g} seconds, got {s!r}")
+    return v
+
+
+def _mib(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if not 1 <= v <= MAX_MEMORY_MB:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_MEMORY_MB} MiB, got {s!r}")
+    return v
+
+
+def main(argv=None) -> int:
+    ap = _Parser(prog="python -m marlflow.sandbox", description="Run an untrusted program against tests.")
+    ap.add_argument("--code", required=True, help="file with the untrusted solution")
+    ap.add_argument("--tests", help="file with Python test code (optional with --stdin/--expect)")
+    ap.add_argument("--stdin", help="file fed to the program's stdin")
+    ap.add_argument("--expect", help="file with the expected stdout (whitespace-insensitive)")
+    ap.add_argument("--timeout", type=_seconds, default=5.0, help=f"wall-clock seconds, 0 < t <= {MAX_TIMEOUT:g} (default 5)")
+    ap.add_argument("--memory-mb", type=_mib, default=1024, help="address-space limit in MiB (default 1024)")
+    try:
+        a = ap.parse_args(argv)
+        if a.tests is None and a.stdin is None and a.expect is None:
+            raise _UsageError("give --tests (Python test code) or --stdin/--expect (a stdin/stdout case)")
+        check_limits(a.timeout, a.memory_mb)
+        code = _read(a.code, "--code")
+        tests = _read(a.tests, "--tests") if a.tests else ""
+        stdin = _read(a.stdin, "--stdin") if a.stdin else None
+        stdio = a.stdin is not None or a.expect is not None
+        expect = (_read(a.expect, "--expect") if a.expect else "") if stdio else None
+    except _UsageError as e:
+        return _fail(str(e))
+    except ValueError as e:
+        return _fail(str(e))
+    r = run_local(code, tests, stdin if stdio else None, expect, a.timeout, a.memory_mb)
+    sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+    return 0

@@ -1,0 +1,295 @@
+"""Test code -> (call, expected) pairs, by an AST pass; run in the trusted caller, never in the sandbox.
+
+A test converts when every statement is an assert of one of these shapes, where CALL is a call of a
+function the program defines (under `check(candidate)`, `candidate` is the entry point) with constant
+arguments, optionally wrapped in set/frozenset/sorted/tuple/list/len/abs/round/float/int/str/bool/sum/
+min/max/dict, and C is a constant expression (literals, arithmetic, those builtins, `math` constants):
+
+    assert CALL <op> C  /  assert C <op> CALL      (==, !=, <, <=, >, >=, in, not in, is True/False/None)
+    assert CALL  /  assert not CALL
+    assert abs(CALL - C) < TOL  (or <=, either order)
+    assert math.isclose(CALL, C, rel_tol=..., abs_tol=...)
+
+plus constant `NAME = C` assignments, constant asserts, docstrings, `def check(candidate)` with such a
+body called as `check(NAME)`, and a leading setup block (MBPP `test_setup_code`) whose names may be
+passed as arguments: the setup runs in the candidate process after the solution, so it must not hold
+expected values (expected values may only be constants). The candidate process receives only the
+calls; the expected values and the comparison stay here. Anything else is judged by the fallback:
+the test code runs in a separate judge process (see `_child.judge`).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+import operator
+
+from marlflow.sandbox._result import to_wire
+
+WRAPPERS = {f.__name__: f for f in (set, frozenset, sorted, tuple, list, len, abs, round, float, int, str, bool,
+                                     sum, min, max, dict)}  # fmt: skip
+CONST_FUNCS = dict(WRAPPERS, range=range, pow=pow, complex=complex, bytes=bytes, chr=chr, ord=ord,
+                   reversed=lambda x: list(reversed(x)), any=any, all=all)  # fmt: skip
+MATH = {"pi": math.pi, "e": math.e, "inf": math.inf, "tau": math.tau, "sqrt": math.sqrt, "floor": math.floor,
+        "ceil": math.ceil, "fabs": math.fabs, "factorial": math.factorial, "gcd": math.gcd, "log": math.log,
+        "exp": math.exp, "pow": math.pow, "comb": math.comb, "isqrt": math.isqrt}  # fmt: skip
+TYPES = {t.__name__: t for t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, complex)}
+_BUILTIN_NAMES = set(dir(builtins))
+_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.BitAnd: operator.and_,
+        ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift}  # fmt: skip
+_UN = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_, ast.Invert: operator.invert}
+OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
+       "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b, "Is": operator.is_}  # fmt: skip
+_FLIP = {"Eq": "Eq", "NotEq": "NotEq", "Lt": "Gt", "LtE": "GtE", "Gt": "Lt", "GtE": "LtE", "Is": "Is"}
+
+
+class NotConvertible(Exception):
+    pass
+
+
+def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
+    """Value of a constant expression, or NotConvertible. Bounded: no huge powers or repetitions."""
+    if isinstance(node, ast.Constant) and not isinstance(node.value, type(...)):
+        return node.value
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        items = [const(e, env, modules) for e in node.elts if not isinstance(e, ast.Starred) or _no()]
+        return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {const(k, env, modules): const(v, env, modules) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UN:
+        return _UN[type(node.op)](const(node.operand, env, modules))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+        a, b = const(node.left, env, modules), const(node.right, env, modules)
+        if isinstance(node.op, ast.Pow | ast.LShift) and isinstance(b, int) and abs(b) > 4096:
+            _no()
+        if isinstance(node.op, ast.Mult) and any(isinstance(x, int) and x > 100_000 for x in (a, b)) and any(
+            isinstance(x, str | bytes | list | tuple) for x in (a, b)
+        ):
+            _no()
+        try:
+            return _BIN[type(node.op)](a, b)
+        except Exception as e:  # noqa: BLE001 - e.g. 1/0 in a test: leave it to the fallback
+            raise NotConvertible(str(e)) from None
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        if node.id in TYPES:
+            return TYPES[node.id]
+        _no()
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+        if node.value.id == "math" and node.attr in MATH:
+            return MATH[node.attr]
+        _no()
+    if isinstance(node, ast.Subscript):
+        try:
+            return const(node.value, env, modules)[const(node.slice, env, modules)]
+        except NotConvertible:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise NotConvertible(str(e)) from None
+    if isinstance(node, ast.Slice):
+        parts = [None if p is None else const(p, env, modules) for p in (node.lower, node.upper, node.step)]
+        return slice(*parts)
+    if isinstance(node, ast.Call):
+        fn = const_func(node.func, env, modules)
+        args = [const(a, env, modules) for a in node.args if not isinstance(a, ast.Starred) or _no()]
+        kw = {k.arg: const(k.value, env, modules) for k in node.keywords if k.arg or _no()}
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001
+            raise NotConvertible(str(e)) from None
+    _no()
+
+
+def const_func(node, env, modules):
+    if isinstance(node, ast.Name) and node.id in CONST_FUNCS and node.id not in env:
+        return CONST_FUNCS[node.id]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+        if node.value.id == "math" and callable(MATH.get(node.attr)):
+            return MATH[node.attr]
+    _no()
+
+
+def _no():
+    raise NotConvertible("not a constant")
+
+
+class _Ctx:
+    def __init__(self, env, modules, refs, rename, only):
+        self.env, self.modules, self.refs, self.rename, self.only = env, modules, refs, rename, only
+
+    def is_candidate(self, name: str) -> bool:
+        if name in self.rename:
+            return True
+        if self.only is not None:
+            return name in self.only
+        return name not in CONST_FUNCS and name not in self.env and name not in _BUILTIN_NAMES and name not in self.refs
+
+    def arg(self, node):
+        if isinstance(node, ast.Name) and node.id in self.refs:
+            return {"t": "ref", "v": node.id}
+        return to_wire(const(node, self.env, self.modules))
+
+    def chain(self, node):
+        """(call, wrappers) for W(W(f(args))), or None."""
+        wrappers = []
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+            if self.is_candidate(name):
+                if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                    return None
+                try:
+                    call = (self.rename.get(name, name), [self.arg(a) for a in node.args],
+                            {"t": "dict", "v": [[k.arg, self.arg(k.value)] for k in node.keywords]})  # fmt: skip
+                except (NotConvertible, TypeError, ValueError):
+                    return None
+                return call, wrappers[::-1]
+            if name in WRAPPERS and name not in self.env and node.args:
+                try:
+                    extra = [const(a, self.env, self.modules) for a in node.args[1:]]
+                    kw = {k.arg: const(k.value, self.env, self.modules) for k in node.keywords if k.arg or _no()}
+                except NotConvertible:
+                    return None
+                wrappers.append([name, extra, kw])
+                node = node.args[0]
+                continue
+            return None
+        return None
+
+    def value(self, node):
+        try:
+            return True, const(node, self.env, self.modules)
+        except NotConvertible:
+            return False, None
+
+
+def _check_for(test: ast.AST, ctx: _Ctx):
+    """(call, check) for one assert's test expression; check is None for a constant true assert."""
+    ok, v = ctx.value(test)
+    if ok:
+        return None, (None if v else {"kind": "const_false"})
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        c = ctx.chain(test.operand)
+        if c:
+            return c[0], {"kind": "falsy", "wrappers": c[1]}
+    c = ctx.chain(test)
+    if c:
+        return c[0], {"kind": "truthy", "wrappers": c[1]}
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op = type(test.ops[0]).__name__
+        left, right = test.left, test.comparators[0]
+        # abs(CALL - C) < TOL
+        if op in ("Lt", "LtE") and isinstance(left, ast.Call) and isinstance(left.func, ast.Name):
+            if left.func.id == "abs" and "abs" not in ctx.env and len(left.args) == 1 and not left.keywords:
+                inner = left.args[0]
+                ok_t, tol = ctx.value(right)
+                if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) and ok_t:
+                    for a, b in ((inner.left, inner.right), (inner.right, inner.left)):
+                        c, (ok_e, exp) = ctx.chain(a), ctx.value(b)
+                        if c and ok_e:
+                            return c[0], {"kind": "absdiff", "wrappers": c[1], "expected": exp, "tol": tol, "op": op}
+        for a, b, o in ((left, right, op), (right, left, _FLIP.get(op))):
+            if o is None or o not in OPS:
+                continue
+            c, (ok_e, exp) = ctx.chain(a), ctx.value(b)
+            if c and ok_e:
+                if o == "Is" and exp not in (True, False, None):
+                    return None
+                if (o, a) != (op, left) and o in ("In", "NotIn"):
+                    continue
+                return c[0], {"kind": "cmp", "op": o, "wrappers": c[1], "expected": exp}
+        return None
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "isclose":
+        if isinstance(test.func.value, ast.Name) and test.func.value.id in ctx.modules and len(test.args) == 2:
+            try:
+                kw = {k.arg: const(k.value, ctx.env, ctx.modules) for k in test.keywords if k.arg or _no()}
+            except NotConvertible:
+                return None
+            if set(kw) <= {"rel_tol", "abs_tol"}:
+                for a, b in ((test.args[0], test.args[1]), (test.args[1], test.args[0])):
+                    c, (ok_e, exp) = ctx.chain(a), ctx.value(b)
+                    if c and ok_e:
+                        return c[0], {"kind": "isclose", "wrappers": c[1], "expected": exp, **kw}
+    return None
+
+
+def convert(tests: str, entry_point: str | None = None):
+    """{"setup", "calls", "checks"} for tests in a convertible shape, else None. `entry_point`: only this
+    function (and `candidate` under check) is the program's; other names called are not trusted to it."""
+    try:
+        tree = ast.parse(tests)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    env: dict = {}
+    modules: set[str] = set()
+    checks_defs: dict[str, ast.FunctionDef] = {}
+    body = list(tree.body)
+    setup: list[ast.stmt] = []
+    # A leading setup block: statements before the first assert that are not all constants.
+    first = next((i for i, s in enumerate(body) if isinstance(s, ast.Assert | ast.FunctionDef)), len(body))
+    head = body[:first]
+    try:
+        for s in head:
+            if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+                const(s.value, env, modules)
+            elif not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) and not isinstance(s, ast.Import):
+                raise NotConvertible("setup")
+    except NotConvertible:
+        if any(isinstance(s, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef) for s in head):
+            return None
+        setup, body = head, body[first:]
+    refs = {t.id for s in setup for n in ast.walk(s) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    only = None if entry_point is None else {entry_point}
+    calls, checks = [], []
+
+    def run(stmts, ctx: _Ctx) -> None:
+        for s in stmts:
+            if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) or isinstance(s, ast.Pass):
+                continue
+            if isinstance(s, ast.Import) and all(a.asname is None and "." not in a.name for a in s.names):
+                modules.update(a.name for a in s.names)
+                continue
+            if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+                ctx.env[s.targets[0].id] = const(s.value, ctx.env, ctx.modules)
+                continue
+            if isinstance(s, ast.FunctionDef) and stmts is body and len(s.args.args) == 1 and not s.decorator_list:
+                checks_defs[s.name] = s
+                continue
+            if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and isinstance(s.value.func, ast.Name):
+                f = checks_defs.get(s.value.func.id)
+                if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
+                    target = s.value.args[0].id
+                    inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target},
+                                 None if only is None else only | {target})  # fmt: skip
+                    run(f.body, inner)
+                    continue
+            if isinstance(s, ast.Assert):
+                got = _check_for(s.test, ctx)
+                if got is None:
+                    raise NotConvertible(ast.unparse(s)[:80])
+                call, check = got
+                if check is None:
+                    continue
+                if call is not None:
+                    check["call"] = len(calls)
+                    calls.append(call)
+                checks.append(check)
+                continue
+            raise NotConvertible(type(s).__name__)
+
+    try:
+        run(body, _Ctx(env, modules, refs, {}, only))
+    except (NotConvertible, RecursionError, TypeError, ValueError):
+        return None
+    if checks_defs and not calls and not checks:
+        return None  # a check function that was never called: leave it to the fallback
+    return {"setup": ast.unparse(setup) if setup else "", "calls": calls, "checks": checks}
+
+
+def count_asserts(tests: str) -> int:
+    try:
+        return sum(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(tests)))
+    except (SyntaxError, ValueError, RecursionError):
+        return 0

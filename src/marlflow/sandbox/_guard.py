@@ -1,0 +1,148 @@
+"""The interpreter layer: a snapshot of common modules and builtins, and the audit hook for the candidate.
+
+Imported before the child and supervisor modules so the snapshot is taken when the worker starts, before
+any job (or anything else in the worker) could have patched a module. The hook is the second line behind
+Landlock and must stand alone on kernels without Landlock: it refuses processes, sockets, ctypes and
+private extension modules (also when loaded under another name), frame and gc introspection, directory
+file descriptors and `chdir` outside the working directory (so `dir_fd=` / relative-path tricks cannot
+escape), `..` in relative paths, and file writes outside the working directory.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import types
+
+# Modules whose attributes the harness relies on; restored before the harness encodes results.
+_GUARDED = [
+    "builtins", "math", "cmath", "re", "collections", "itertools", "functools", "heapq", "string", "operator",
+    "random", "bisect", "statistics", "decimal", "fractions", "json", "copy", "typing", "sys", "os", "hashlib",
+    "array", "numbers", "abc", "enum",
+]  # fmt: skip
+for _m in _GUARDED:
+    __import__(_m)
+_MODULE_SNAPSHOT = {m: (sys.modules[m], dict(sys.modules[m].__dict__)) for m in _GUARDED}
+_BUILTINS = dict(builtins.__dict__)
+_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals", "f_globals"}
+# Extension modules that reach below the interpreter; refused by name and by file, whatever they are
+# imported as (`spec_from_file_location("x._posixsubprocess", ...)` loads the same init function).
+_PRIVATE_MODULES = {"_posixsubprocess", "_ctypes", "_xxsubinterpreters", "_testcapi", "_testinternalcapi",
+                    "_testmultiphase", "_xxinterpchannels", "_lsprof", "_tracemalloc", "faulthandler"}  # fmt: skip
+_BLOCKED_EVENTS = {
+    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
+    "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect",
+    "socket.bind", "socket.getaddrinfo", "socket.sendto", "sys.settrace", "sys.setprofile",
+    "sys._current_frames", "sys._current_exceptions", "sys.addaudithook", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "code.__new__",
+    "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "os.chroot", "os.symlink",
+    "os.link", "sys.remote_exec", "_posixsubprocess.fork_exec",
+}  # fmt: skip
+_PATH_EVENTS = {
+    "os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown", "os.utime",
+    "os.truncate", "shutil.rmtree", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
+}  # fmt: skip
+
+
+class SandboxViolation(PermissionError):
+    """Raised inside the sandbox for a refused operation (an OSError, so stdlib fallbacks work)."""
+
+
+class _NoFrame(ValueError):
+    # namedtuple, typing and enum call sys._getframe inside `except (AttributeError, ValueError)`.
+    pass
+
+
+def neuter_private_modules() -> None:
+    """Replace the dangerous entry points of private modules the worker already imported (an import of a
+    module already in sys.modules raises no audit event)."""
+
+    def refused(*a, **k):
+        raise SandboxViolation("sandbox: process creation is not allowed")
+
+    for name in _PRIVATE_MODULES:
+        mod = sys.modules.pop(name, None)
+        if mod is not None:
+            for attr in list(vars(mod)):
+                if not attr.startswith("__"):
+                    setattr(mod, attr, refused)
+
+
+def make_audit_hook(workdir: str, read_roots: list[str]):
+    """Audit hook for the untrusted program. Its state lives only in this closure."""
+    wd = workdir.rstrip("/") + "/"
+    ok_read = tuple(r.rstrip("/") + "/" for r in read_roots) + (wd, "/dev/null", "/dev/urandom", "/dev/zero")
+    ok_write = (wd, "/dev/null")
+    abspath, fspath, getcwd, isdir = os.path.abspath, os.fspath, os.getcwd, os.path.isdir
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    path_flags = getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
+    private = frozenset(_PRIVATE_MODULES)
+
+    def resolve(path) -> str | None:
+        try:
+            p = fspath(path)
+            if isinstance(p, bytes):
+                p = p.decode("utf-8", "surrogateescape")
+            if "\0" in p:
+                return None
+            if not p.startswith("/"):
+                # A relative path may be resolved against a dir_fd the hook cannot see; without `..`
+                # it stays below that directory, and directory fds exist only inside the working dir.
+                if ".." in p.split("/"):
+                    return None
+                p = getcwd() + "/" + p
+            return abspath(p)
+        except Exception:
+            return None
+
+    def inside(path, allowed) -> bool:
+        if isinstance(path, int):
+            return True  # an fd the process already holds
+        p = resolve(path)
+        return p is not None and ((p + "/").startswith(allowed) or p in {a.rstrip("/") for a in allowed})
+
+    def hook(event: str, args) -> None:
+        if event in _BLOCKED_EVENTS or event.startswith(("ctypes.", "os.exec", "os.spawn", "os.posix_spawn")):
+            raise SandboxViolation(f"sandbox: {event} is not allowed")
+        if event == "sys._getframe":
+            raise _NoFrame("sandbox: frame access is not allowed")
+        if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS:
+            raise AttributeError("sandbox: frame access is not allowed")
+        if event == "import" and args:
+            name = str(args[0]).rpartition(".")[2]
+            base = os.path.basename(str(args[1])).partition(".")[0] if len(args) > 1 and args[1] else ""
+            if name in private or base in private:
+                raise ImportError(f"sandbox: module {args[0]} is not allowed")
+        elif event == "open" and args:
+            mode, flags = (args[1] if len(args) > 1 else "r") or "", (args[2] if len(args) > 2 else 0) or 0
+            writing = any(c in str(mode) for c in "wax+") or bool(flags & write_flags)
+            if not inside(args[0], ok_write if writing else ok_read):
+                raise SandboxViolation(f"sandbox: cannot open {args[0]!r} ({'write' if writing else 'read'})")
+            if not isinstance(args[0], int) and (flags & path_flags or isdir(args[0])):
+                if not inside(args[0], (wd,)):  # a directory fd outside would anchor dir_fd= escapes
+                    raise SandboxViolation(f"sandbox: cannot open directory {args[0]!r}")
+        elif event == "os.chdir" and args:
+            if isinstance(args[0], int) or not inside(args[0], (wd,)):
+                raise SandboxViolation(f"sandbox: cannot chdir to {args[0]!r}")
+        elif event in ("os.listdir", "os.scandir") and args:
+            if not inside(args[0] if args[0] is not None else ".", ok_read):
+                raise SandboxViolation(f"sandbox: cannot list {args[0]!r}")
+        elif event in _PATH_EVENTS:
+            paths = [a for a in args[:2] if isinstance(a, str | bytes | os.PathLike)]
+            if not paths or not all(inside(p, ok_write) for p in paths):
+                raise SandboxViolation(f"sandbox: {event} outside the working directory is not allowed")
+
+    return hook
+
+
+def restore_modules() -> None:
+    for name, (mod, snap) in _MODULE_SNAPSHOT.items():
+        sys.modules[name] = mod
+        d = mod.__dict__
+        if len(d) != len(snap) or any(d.get(k, d) is not v for k, v in snap.items()):
+            d.clear()
+            d.update(snap)
+    for name, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType):
+            del sys.modules[name]

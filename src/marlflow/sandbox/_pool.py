@@ -1,0 +1,274 @@
+"""The pool: long-lived sandbox workers in the caller's process tree, `verify_many` and its verdict cache.
+
+The caller's process is the trusted side: it converts tests, keeps the expected values, sends each worker
+only what the candidate may see, and judges the raw records that come back (`_verdict`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import queue
+import selectors
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from marlflow.sandbox._result import SandboxResult
+from marlflow.sandbox._supervisor import _read_exact, _send
+from marlflow.sandbox._verdict import Prepared, prepare, verdict
+
+_CACHE_SIZE = 65536
+_WARNED: list[bool] = []
+
+
+def _warn_no_landlock(info: dict) -> None:
+    if info.get("landlock_abi", 0) >= 1 or _WARNED:
+        return
+    _WARNED.append(True)
+    sys.stderr.write(
+        "\n" + "!" * 100 + "\nmarlflow.sandbox: WARNING: this kernel has no Landlock (Linux >= 5.13 with "
+        "landlock in the LSM list). Untrusted programs are contained\nby the audit hook, rlimits, the network "
+        "namespace and the uid/capability drop only: file, exec and signal access is NOT\nenforced by the "
+        "kernel. Run on a kernel with Landlock for the full sandbox.\n" + "!" * 100 + "\n"
+    )
+    sys.stderr.flush()
+
+
+class _Worker:
+    def __init__(self):
+        import subprocess  # not at module level: the worker itself must not import it
+
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        boot = (
+            f"import sys; sys.path.insert(0, {pkg_parent!r}); "
+            "from marlflow.sandbox._supervisor import _serve; _serve()"
+        )
+        env = {k: os.environ[k] for k in ("PATH", "LANG", "TMPDIR") if k in os.environ}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            start_new_session=True, close_fds=True, bufsize=0,
+        )  # fmt: skip
+        self.info = self._read(60.0)
+        if self.info is None:
+            self.close()
+            raise RuntimeError("sandbox worker failed to start")
+        _warn_no_landlock(self.info)
+
+    def _read(self, timeout: float):
+        fd = self.proc.stdout.fileno()
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        try:
+            if not sel.select(timeout):
+                return None
+        finally:
+            sel.close()
+        import json
+        import struct
+
+        head = _read_exact(fd, 4)
+        if head is None:
+            return None
+        data = _read_exact(fd, struct.unpack("<I", head)[0])
+        return None if data is None else json.loads(data)
+
+    def run(self, head: dict, part: dict | None) -> dict | None:
+        try:
+            _send(self.proc.stdin.fileno(), head)
+            if head.get("mode") == "judge":
+                _send(self.proc.stdin.fileno(), part or {})
+        except (BrokenPipeError, OSError):
+            return None
+        return self._read(float(head["timeout"]) + 30.0)
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+        self.proc.wait()
+
+
+class SandboxPool:
+    """`max_workers` long-lived sandbox workers; each forks a fresh child per program.
+    A worker that dies (or hangs, or whose job went wrong) is replaced. Use as a context manager or
+    call `close()`. Jobs are validated before any worker is taken, so a bad job cannot wedge the pool."""
+
+    def __init__(self, max_workers: int | None = None):
+        self.max_workers = max(1, max_workers or os.cpu_count() or 1)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._exec = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
+        self._closed = False
+
+    def _acquire(self) -> _Worker:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if len(self._all) < self.max_workers:
+                w = _Worker()
+                self._all.append(w)
+                return w
+        return self._idle.get()
+
+    def start(self) -> SandboxPool:
+        """Start all workers now (otherwise they start on first use)."""
+        with self._lock:
+            while len(self._all) < self.max_workers:
+                w = _Worker()
+                self._all.append(w)
+                self._idle.put(w)
+        return self
+
+    def _retire(self, w: _Worker) -> None:
+        w.close()
+        with self._lock:
+            if w in self._all:
+                self._all.remove(w)
+
+    def _once(self, head: dict, part: dict | None) -> dict | None:
+        w = self._acquire()
+        raw = None
+        try:
+            raw = w.run(head, part)
+        finally:
+            if raw is None:
+                self._retire(w)  # also on an exception: the worker's protocol state is unknown
+            else:
+                self._idle.put(w)
+        return raw
+
+    def run_prepared(self, p: Prepared) -> SandboxResult:
+        if p.error is not None:
+            return p.error
+        if p.cases is None:
+            raw = self._once(p.head, p.part)
+            if raw is None:
+                return SandboxResult("crashed", False, detail="sandbox worker died or hung; replaced")
+            return verdict(p, raw)
+        # stdio: one program per case, stopping at the first failure (the comparison happens here).
+        total, r = 0.0, None
+        for stdin, expect in p.cases:
+            raw = self._once(dict(p.head, stdin=stdin), None)
+            if raw is None:
+                return SandboxResult("crashed", False, detail="sandbox worker died or hung; replaced")
+            r = verdict(p, raw, expect)
+            total += r.seconds
+            if not r.passed:
+                break
+        return SandboxResult(r.status, r.passed, r.stdout, r.stderr, round(total, 4), r.detail)
+
+    def run(self, job, timeout: float = 5.0, memory_mb: int = 1024) -> SandboxResult:
+        """One job: (code, tests), (code, tests, stdin, expect) or a dict (see `verify_many`)."""
+        return self.run_prepared(prepare(job, timeout, memory_mb))
+
+    def map(self, jobs, timeout: float = 5.0, memory_mb: int = 1024) -> list[SandboxResult]:
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        prepared = _prepare_all(jobs, timeout, memory_mb)
+        return list(self._exec.map(self.run_prepared, prepared))
+
+    def close(self) -> None:
+        self._closed = True
+        self._exec.shutdown(wait=True)
+        with self._lock:
+            for w in self._all:
+                w.close()
+            self._all.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _prepare_all(jobs, timeout, memory_mb) -> list[Prepared]:
+    out = []
+    for i, j in enumerate(jobs):
+        try:
+            out.append(prepare(j, timeout, memory_mb))
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"job {i}: {e}") from None
+    return out
+
+
+_POOLS: dict[int, SandboxPool] = {}
+_POOLS_LOCK = threading.Lock()
+_CACHE: collections.OrderedDict[str, SandboxResult] = collections.OrderedDict()
+_CACHE_LOCK = threading.Lock()
+
+
+def _pool(max_workers: int | None) -> SandboxPool:
+    n = max(1, max_workers or os.cpu_count() or 1)
+    with _POOLS_LOCK:
+        if n not in _POOLS:
+            _POOLS[n] = SandboxPool(n)
+        return _POOLS[n]
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the shared pools (also runs at interpreter exit)."""
+    with _POOLS_LOCK:
+        for p in _POOLS.values():
+            p.close()
+        _POOLS.clear()
+
+
+def clear_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def verify_many(
+    jobs, timeout: float = 5.0, memory_mb: int = 1024, max_workers: int | None = None, cache: bool = True
+) -> list[SandboxResult]:
+    """Verify jobs in parallel in the shared pool. A job is (code, tests) or (code, tests, stdin, expect)
+    or a dict with those keys (and optional timeout, memory_mb, entry_point, prelude, setup). Results
+    come back in job order; identical jobs are verified once and verdicts are cached (except worker
+    crashes). A malformed job raises ValueError/TypeError naming it before anything runs."""
+    prepared = _prepare_all(jobs, timeout, memory_mb)
+    results: dict[str, SandboxResult] = {}
+    if cache:
+        with _CACHE_LOCK:
+            for p in prepared:
+                if p.key in _CACHE:
+                    _CACHE.move_to_end(p.key)
+                    results[p.key] = _CACHE[p.key]
+    todo = {p.key: p for p in prepared if p.key not in results}
+    if todo:
+        pool = _pool(max_workers)
+        if pool._closed:
+            raise RuntimeError("SandboxPool is closed")
+        fresh = list(pool._exec.map(pool.run_prepared, todo.values()))
+        for k, r in zip(todo, fresh):
+            results[k] = r
+            if cache and not (r.status == "crashed" and "worker" in r.detail):
+                with _CACHE_LOCK:
+                    _CACHE[k] = r
+                    while len(_CACHE) > _CACHE_SIZE:
+                        _CACHE.popitem(last=False)
+    return [results[p.key] for p in prepared]
+
+
+def verify(code: str, tests: str, stdin: str | None = None, expect: str | None = None, **kw) -> SandboxResult:
+    """One job through `verify_many`."""
+    job = (code, tests) if stdin is None and expect is None else (code, tests, stdin or "", expect or "")
+    return verify_many([job], **kw)[0]
+
+
+def run_local(code: str, tests: str, stdin=None, expect=None, timeout=5.0, memory_mb=1024) -> SandboxResult:
+    """Run one job in a fresh one-worker pool (what the command line does)."""
+    job = {"code": code, "tests": tests, "stdin": stdin, "expect": expect, "timeout": timeout, "memory_mb": memory_mb}
+    p = prepare(job)
+    with SandboxPool(1) as pool:
+        return pool.run_prepared(p)

@@ -1,0 +1,307 @@
+"""The supervisor: a long-lived worker process that forks one sandboxed candidate (and, for tests that
+need it, one judge) per job, collects their output within the limits, and sends back raw records.
+
+It never decides `passed` and never receives expected values: the pool's caller judges the raw records
+(`_verdict`). Protocol on stdin/stdout: 4-byte length + JSON. A job is one message; a judged job is
+followed by a second message with the test code, read only after the candidate has been forked, so
+the candidate's copy of this process's memory never contained it. Reads are unbuffered for the same
+reason (a buffered reader would have read the second message ahead).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+
+from marlflow.sandbox._child import candidate, judge
+from marlflow.sandbox._kernel import _LL_ABI, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG, _prctl, _read_roots, _unshare_network
+from marlflow.sandbox._result import (
+    OUTPUT_CAP,
+    RESULT_LIMIT,
+    SANDBOX_UID,
+    STDERR_LIMIT,
+    STDOUT_LIMIT,
+    TMP_PREFIX,
+    check_limits,
+)
+
+def _others_can_read(roots: list[str]) -> bool:
+    """True if uid SANDBOX_UID can reach and read every root (e.g. not a Python under /root)."""
+    for root in roots:
+        parts = root.split("/")
+        for i in range(2, len(parts) + 1):
+            try:
+                mode = os.stat("/".join(parts[:i]) or "/").st_mode
+            except OSError:
+                return False
+            if mode & 0o005 != 0o005:
+                return False
+    return True
+
+
+_SUPERVISOR: dict = {}
+
+
+def _prepare_supervisor() -> dict:
+    """Set up this (single-threaded) supervising process once: no network for it and its children,
+    subreaper for escaped descendants, no secrets in its environment."""
+    roots = _read_roots()
+    info = {"netns": _unshare_network(), "landlock_abi": _LL_ABI, "root": os.geteuid() == 0}
+    # Dropping to "nobody" is only possible when nobody can still read the Python install.
+    info["drop_uid"] = info["root"] and _others_can_read(roots)
+    # /dev/shm makes the per-program mkdir/rmdir ~100x cheaper than a disk-backed /tmp.
+    shm = "/dev/shm"
+    tmp = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    _SUPERVISOR.update(info, roots=roots, tmp=tmp)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    for k in list(os.environ):
+        if k not in ("PATH", "LANG", "LC_ALL", "TMPDIR"):
+            del os.environ[k]
+    return info
+
+
+def supervise(job: dict, read_tests) -> dict:
+    """Run one job; `read_tests()` gives the judge's part (called after the candidate is forked)."""
+    t0 = time.monotonic()
+    roots = _SUPERVISOR["roots"]
+    job = dict(job, drop_uid=_SUPERVISOR.get("drop_uid", False))
+    judged = job["mode"] == "judge"
+    workdir = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=_SUPERVISOR.get("tmp"))
+    pids: list[int] = []
+    mine: list[int] = []
+    bufs: dict[int, bytearray] = {}
+    try:
+        if job.get("drop_uid"):
+            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+        if job.get("stdin") is not None:
+            job["stdin_path"] = os.path.join(workdir, ".stdin")
+            with open(job["stdin_path"], "w", encoding="utf-8") as f:
+                f.write(job["stdin"])
+        res_r, res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        mine += [res_r, res_w, out_r, out_w, err_r, err_w]
+        cfds = {"res": res_w, "out": out_w, "err": err_w}
+        if judged:
+            req_r, req_w = os.pipe()
+            resp_r, resp_w = os.pipe()
+            mine += [req_r, req_w, resp_r, resp_w]
+            cfds.update(req=req_r, resp=resp_w)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            try:
+                candidate(job, cfds, workdir, roots)
+            finally:
+                os._exit(4)
+        pids.append(pid)
+        for fd in cfds.values():
+            os.close(fd)
+            mine.remove(fd)
+        bufs = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
+        verdict_r = -1
+        if judged:
+            part = read_tests()
+            v_r, v_w = os.pipe()
+            mine += [v_r, v_w]
+            jjob = {"tests": part.get("tests") or "", "prelude": part.get("prelude") or "",
+                    "proxies": list(part.get("proxies") or ()), "timeout": job["timeout"], "memory_mb": job["memory_mb"]}  # fmt: skip
+            jpid = os.fork()
+            if jpid == 0:  # pragma: no cover
+                try:
+                    judge(jjob, {"verdict": v_w, "req": req_w, "resp": resp_r}, roots)
+                finally:
+                    os._exit(4)
+            pids.append(jpid)
+            del jjob, part
+            for fd in (v_w, req_w, resp_r):
+                os.close(fd)
+                mine.remove(fd)
+            bufs[v_r] = bytearray()
+            verdict_r = v_r
+        limits = {out_r: STDOUT_LIMIT, err_r: STDERR_LIMIT, res_r: RESULT_LIMIT + 4096, verdict_r: 1 << 16}
+        keep = {out_r: STDOUT_LIMIT, err_r: OUTPUT_CAP, res_r: RESULT_LIMIT + 4096, verdict_r: 1 << 16}
+        names = {out_r: "stdout", err_r: "stderr", res_r: "results", verdict_r: "verdict"}
+        status, timed_out, over = _collect(pids, bufs, limits, keep, names, t0 + job["timeout"])
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p, signal.SIGKILL)
+        _reap_strays()
+        for fd in mine:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "mode": job["mode"],
+        "exit": status.get(pids[0]),
+        "judge_exit": status.get(pids[1]) if judged else None,
+        "timed_out": timed_out,
+        "over": over,
+        "stdout": bytes(bufs[out_r]).decode("utf-8", "replace"),
+        "stderr": bytes(bufs[err_r]).decode("utf-8", "replace"),
+        "res": bytes(bufs[res_r]).decode("utf-8", "replace"),
+        "verdict": bytes(bufs[verdict_r]).decode("utf-8", "replace") if judged else "",
+        "seconds": round(time.monotonic() - t0, 4),
+    }
+
+
+def _collect(pids: list[int], bufs: dict, limits: dict, keep: dict, names: dict, deadline: float):
+    sel = selectors.DefaultSelector()
+    pidfds = {}
+    for p in pids:
+        pidfds[os.pidfd_open(p)] = p
+    for fd in list(pidfds) + list(bufs):
+        sel.register(fd, selectors.EVENT_READ)
+    open_fds, status, timed_out, over = set(bufs), {}, False, ""
+    totals = collections.Counter()
+    try:
+        while open_fds or len(status) < len(pids):
+            left = deadline - time.monotonic()
+            if len(status) == len(pids):
+                left = min(left, 0.05)  # children gone; only escaped holders keep pipes open
+            if left <= 0:
+                if len(status) < len(pids):
+                    timed_out = True
+                break
+            for key, _ in sel.select(left):
+                fd = key.fd
+                if fd in pidfds:
+                    status[pidfds[fd]] = os.waitpid(pidfds[fd], 0)[1]
+                    sel.unregister(fd)
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                totals[fd] += len(data)
+                if len(bufs[fd]) < keep[fd]:
+                    bufs[fd] += data[: keep[fd] - len(bufs[fd])]
+                if totals[fd] > limits[fd] and not over:
+                    over = names[fd]
+                    for p in pids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(p, signal.SIGKILL)
+    finally:
+        sel.close()
+        for fd in pidfds:
+            os.close(fd)
+    for p in pids:
+        if p not in status:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p, signal.SIGKILL)
+            status[p] = os.waitpid(p, 0)[1]
+    return status, timed_out, over
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    _reap_strays()
+
+
+def _reap_strays() -> None:
+    """Kill descendants that escaped the group (we are their subreaper) and reap zombies."""
+    try:
+        # Cheap common case: no child left at all (orphaned descendants would be ours: subreaper).
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
+    except ChildProcessError:
+        return
+    me = str(os.getpid())
+    for _ in range(3):
+        strays = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        stat = f.read().rsplit(b")", 1)[1].split()
+                except OSError:
+                    continue
+                if stat[1].decode() == me:
+                    strays.append(int(entry))
+        for p in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not strays:
+            return
+        time.sleep(0.01)
+
+
+
+def _serve() -> None:
+    """Worker loop: length-prefixed JSON jobs on stdin, raw records on stdout."""
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # stray prints must never corrupt the protocol
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    info = _prepare_supervisor()
+    _send(proto_out, info)
+    while True:
+        job = _recv(proto_in)
+        if job is None:
+            return
+        judged = isinstance(job, dict) and job.get("mode") == "judge"
+        pending = [judged]
+
+        def read_tests():
+            pending[0] = False
+            return _recv(proto_in) or {}
+
+        try:
+            if not isinstance(job, dict) or job.get("mode") not in ("calls", "stdio", "judge"):
+                raise ValueError("malformed job")
+            job["timeout"], job["memory_mb"] = check_limits(job.get("timeout"), job.get("memory_mb"))
+            if not isinstance(job.get("code"), str):
+                raise ValueError("job code must be a string")
+            out = supervise(job, read_tests)
+        except Exception as e:  # noqa: BLE001 - a bad job or a supervisor bug must not kill the worker
+            out = {"error": f"{type(e).__name__}: {e}"}
+        if pending[0]:
+            read_tests()  # keep the protocol in step
+        _send(proto_out, out)
+
+
+def _send(fd: int, obj) -> None:
+    data = json.dumps(obj).encode()
+    view = memoryview(struct.pack("<I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        b = os.read(fd, n - got)
+        if not b:
+            return None
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+def _recv(fd: int):
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    (n,) = struct.unpack("<I", head)
+    data = _read_exact(fd, n)
+    return None if data is None else json.loads(data)

@@ -24,11 +24,6 @@ from marlflow import aggregate, report
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_parquet, rows, write_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ROLES = {
-    "voting": ["generator", "aggregator"],
-    "single": ["generator"],
-    "eval_opt": ["generator", "evaluator"],
-}
 HOSTILE = "<script>alert('x')</script> & </pre></details>"
 
 
@@ -90,7 +85,12 @@ def runs(tmp_path) -> list[str]:
         make_run(
             tmp_path, "single-sp-toy-math-s0", [0.3, 0.35, 0.35], {"generator": 1.0}, careless=[0.6, 0.6, 0.5]
         ),  # fmt: skip
-        make_run(tmp_path, "eval_opt-sp-toy-code-s0", [0.5, 0.9, 0.95], {"generator": 0.8, "evaluator": 0.2}),
+        make_run(
+            tmp_path,
+            "orch_workers-sp-toy-code-s0",
+            [0.5, 0.9, 0.95],
+            {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2},
+        ),  # fmt: skip
     ]
 
 
@@ -184,11 +184,11 @@ def test_curves_share_y_per_task_with_se_bands(runs):
     metrics, _ = load_runs(runs)
     fig = plot_curves(metrics)
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles == ["single / math", "single / code", "eval_opt / math", "eval_opt / code", "voting / math",
-                      "voting / code"]  # fmt: skip
+    assert titles == ["single / math", "single / code", "voting / math", "voting / code", "orch_workers / math",
+                      "orch_workers / code"]  # fmt: skip
     ylims = {t: ax.get_ylim() for t, ax in zip(titles, fig.axes)}
-    assert ylims["single / math"] == ylims["voting / math"] == ylims["eval_opt / math"]
-    assert ylims["single / code"] == ylims["eval_opt / code"] != ylims["voting / math"]
+    assert ylims["single / math"] == ylims["voting / math"] == ylims["orch_workers / math"]
+    assert ylims["single / code"] == ylims["orch_workers / code"] != ylims["voting / math"]
     lo, hi = ylims["voting / math"]
     assert lo <= 0.3 - (0.3 * 0.7 / 200) ** 0.5 and hi >= 0.6 + (0.6 * 0.4 / 200) ** 0.5  # bands fit
     voting = fig.axes[titles.index("voting / math")]
@@ -199,10 +199,10 @@ def test_curves_share_y_per_task_with_se_bands(runs):
     for plot in (plot_grad_norm, plot_role_share):
         axes = plot(metrics).axes
         names = [ax.get_title() for ax in axes]
-        assert names == ["single-sp-toy-math-s0", "eval_opt-sp-toy-code-s0", "voting-sp-toy-math-s0",
-                         "voting-ip-toy-math-s0"]  # fmt: skip
-        assert axes[2].get_ylim() == axes[3].get_ylim()
-        assert axes[3].get_position().x0 > axes[2].get_position().x0
+        assert names == ["single-sp-toy-math-s0", "voting-sp-toy-math-s0", "voting-ip-toy-math-s0",
+                         "orch_workers-sp-toy-code-s0"]  # fmt: skip
+        assert axes[1].get_ylim() == axes[2].get_ylim()
+        assert axes[2].get_position().x0 > axes[1].get_position().x0
 
 
 def test_report_needs_tables(tmp_path, runs, capsys):
@@ -278,10 +278,10 @@ def layout(exe: str, html_file: Path, tmp: Path) -> dict:
     return json.loads(_html.unescape(m.group(1)))
 
 
-def screenshot_variance(exe: str, html_file: Path, tmp: Path) -> float:
+def screenshot_variance(exe: str, html_file: Path, shots: Path, tmp: Path) -> float:
     from PIL import Image
 
-    shot = tmp / f"{html_file.stem}.png"
+    shot = shots / f"{html_file.stem}.png"
     run_chromium(exe, [f"--screenshot={shot}", html_file.as_uri()], tmp)
     img = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert img.shape == (HEIGHT, WIDTH)
@@ -307,5 +307,5 @@ def test_pages_in_headless_chromium(tmp_path, runs):
         for t in check["tables"]:
             # no table wider than the page, nor than its box (so no table needs its scroll container here)
             assert t["sw"] <= t["box"] <= check["W"] and t["right"] <= check["W"], (key, t, check["W"])
-        variance = screenshot_variance(exe, html_file, shots)
+        variance = screenshot_variance(exe, html_file, shots, tmp_path)
         assert variance > 20, f"{key}: the screenshot is nearly uniform (pixel std {variance:.1f})"

@@ -95,7 +95,7 @@ a{color:#1a5fb4}
 .note{color:#555;font-size:.9em;margin:.3em 0}
 .tw{overflow-x:auto;max-width:100%;margin:.4em 0 1.2em}
 table{border-collapse:collapse;font-size:13px;max-width:100%}
-th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f0f0f0;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
@@ -227,21 +227,31 @@ def esc(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def fmt(v: object) -> str:
-    """A table cell's text: '' for missing, yes/'' for bools, integers plain, other floats to 3 decimals."""
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+def _missing(v: object) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float | np.floating) and math.isnan(v))
+
+
+def number_format(values) -> str:
+    """One format for a group of numbers (a column, or a row of a metric x step table), so they line up:
+    'd' when all are whole numbers, '.1f' when any reaches 100, else '.3f'."""
+    nums = [float(v) for v in values if _is_num(v) and not _missing(v) and math.isfinite(float(v))]
+    if nums and all(x.is_integer() for x in nums):
+        return "d"
+    return ".1f" if any(abs(x) >= 100 for x in nums) else ".3f"
+
+
+def fmt(v: object, spec: str | None = None) -> str:
+    """A table cell's text: '' for missing, yes/'' for bools, numbers in `spec` (number_format([v]) if None)."""
+    if _missing(v):
         return ""
     if isinstance(v, bool | np.bool_):
         return "yes" if v else ""
-    if isinstance(v, int | np.integer):
-        return str(int(v))
-    if isinstance(v, float | np.floating):
-        v = float(v)
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if v.is_integer() and abs(v) >= 2:
-            return str(int(v))
-        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+    if _is_num(v):
+        x = float(v)
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        spec = spec or number_format([v])
+        return str(int(x)) if spec == "d" else format(x, spec)
     return str(v)
 
 
@@ -257,20 +267,24 @@ def header(name: str) -> str:
 def table(
     df: pd.DataFrame,
     links: dict[str, str] | None = None,
-    cls: str = "",
     raw_columns: Sequence[str] = (),
+    numbers_by: str = "column",
 ) -> str:
     """A real HTML table inside a horizontally scrolling container; cells escaped, numbers right-aligned.
 
     links: run_id -> href; cells of a run_id column become links. raw_columns hold trusted HTML (built here).
+    numbers_by: "column" or "row": the group of cells that share one number format (rows for tables whose
+    rows are metrics).
     """
     links = links or {}
     head = "".join(f"<th>{header(str(c))}</th>" for c in df.columns)
+    specs = {c: number_format(df[c].tolist()) for c in df.columns}
     body = []
     for rec in df.itertuples(index=False):
+        row_spec = number_format(rec) if numbers_by == "row" else None
         cells = []
         for col, v in zip(df.columns, rec):
-            text = fmt(v)
+            text = fmt(v, row_spec or specs[col])
             if col in raw_columns:
                 cells.append(f"<td>{v}</td>")
             elif col == "run_id" and text in links:
@@ -278,8 +292,9 @@ def table(
             else:
                 cells.append(f'<td class="n">{esc(text)}</td>' if _is_num(v) else f"<td>{esc(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    c = f' class="{cls}"' if cls else ""
-    return f'<div class="tw"><table{c}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    return (
+        f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    )
 
 
 def kv_table(pairs: Sequence[tuple[str, object]]) -> str:
@@ -538,8 +553,8 @@ def per_role_train(metrics: pd.DataFrame) -> pd.DataFrame:
                 continue
             k = math.ceil(len(v) / 3)
             recs.append({"role": role, "metric": name, "first": v[0], "early_mean": v[:k].mean(),
-                         "late_mean": v[-k:].mean(), "last": v[-1], "steps": len(v)})  # fmt: skip
-    return pd.DataFrame(recs, columns=["role", "metric", "first", "early_mean", "late_mean", "last", "steps"])
+                         "late_mean": v[-k:].mean(), "last": v[-1]})  # fmt: skip
+    return pd.DataFrame(recs, columns=["role", "metric", "first", "early_mean", "late_mean", "last"])
 
 
 def per_step_eval(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -673,10 +688,11 @@ def render_run_page(
     body += [
         "<h2 id='roles'>Per-role metrics</h2>",
         "<h3>Eval, per evaluation step</h3>",
-        table(per_step_eval(m)),
+        table(per_step_eval(m), numbers_by="row"),
         "<h3>Train, over the run's steps</h3>",
-        "<p class='note'>early_mean / late_mean: mean over the first / last third of the train steps.</p>",
-        table(per_role_train(m)),
+        f"<p class='note'>Over the {len(t)} logged train steps; early_mean / late_mean: mean over the first / "
+        "last third of the steps at which the metric is logged.</p>",
+        table(per_role_train(m), numbers_by="row"),
         "<h2 id='time'>Step-time split</h2>",
     ]
     if len(t):

@@ -46,6 +46,7 @@ from marlflow.analysis.tables import (  # noqa: E402
 from marlflow.metrics import atomic_write_bytes  # noqa: E402
 
 SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
+SHARING_LABELS = {"sp": "SP", "ip": "IP", "single": "single-agent"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 ROLE_COLOURS = {
     "generator": "#1f77b4",
@@ -135,7 +136,7 @@ def plot_curves(metrics: pd.DataFrame) -> Figure:
                     ax.axhline(float(base.iloc[0]), color=col, ls="--", lw=0.8, alpha=0.6)
             if panel.empty:
                 ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="#777")
-    handles = [Line2D([], [], color=v, label=k) for k, v in SHARING_COLOURS.items()]
+    handles = [Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items()]
     handles += [Line2D([], [], color="k", marker=marker[s], ls="", label=s) for s in scales]
     handles.append(Line2D([], [], color="k", ls="--", lw=0.8, label="base (step 0)"))
     handles.append(Patch(color="#999", alpha=0.3, label="+- 1 SE"))
@@ -260,7 +261,7 @@ def plot_careless_share(metrics: pd.DataFrame) -> Figure:
                 c["step"], c["careless_share"], color=colour(w, c["sharing"].iloc[0]), ls=styles[w], lw=1.2
             )
     axes[0].set_ylabel("share of solver outputs")
-    handles = [Line2D([], [], color=v, label=k) for k, v in SHARING_COLOURS.items()]
+    handles = [Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items()]
     handles += [Line2D([], [], color="k", ls=styles[w], label=w) for w in workflows]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     return fig
@@ -345,7 +346,7 @@ def plot_step_time(metrics: pd.DataFrame) -> Figure:
     ax.set_xlabel("step", fontsize=9)
     ax.set_ylabel("seconds", fontsize=9)
     ax.tick_params(labelsize=8)
-    ax.legend(fontsize=8, ncols=len(TIME_PARTS), loc="upper right")
+    fig.legend(fontsize=8, loc="outside right upper")
     return fig
 
 

@@ -72,8 +72,8 @@ def test_solution_cannot_read_or_write_outside(tmp_path):
     r = verify(f"open({str(secret)!r}).read()", "assert True", cache=False)
     assert r.status == "failed" and "cannot open" in r.detail
     ok = verify(
-        "open('local.txt', 'w').write('hi')\nassert open('local.txt').read() == 'hi'\n",
-        "import os\nassert os.listdir('.') == ['local.txt']",
+        "import os\ndef f():\n    open('local.txt', 'w').write('hi')\n    return open('local.txt').read(), os.listdir('.')\n",
+        "assert f() == ('hi', ['local.txt'])",
         cache=False,
     )
     assert ok.passed, ok

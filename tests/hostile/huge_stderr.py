@@ -1,5 +1,5 @@
 # ruff: noqa  (deliberately hostile program for the sandbox corpus)
-# expect: failed timeout
+# expect: output_limit timeout
 # tests: assert solve() == 42
 import os
 

@@ -223,7 +223,7 @@ def convert(tests: str, entry_point: str | None = None):
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     env: dict = {}
-    modules: set[str] = set()
+    modules: set[str] = {"math"}  # tests ran in the program's globals, where `math` was usually imported
     checks_defs: dict[str, ast.FunctionDef] = {}
     body = list(tree.body)
     setup: list[ast.stmt] = []

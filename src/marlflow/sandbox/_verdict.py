@@ -208,7 +208,7 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
         if ok is None:
             return result("memory", why)
         if not ok:
-            return result("failed", f"test {i + 1} of {len(p.checks)}: {why}")
+            return result("failed", f"AssertionError: test {i + 1} of {len(p.checks)}: {why}")
     return result("passed")
 
 

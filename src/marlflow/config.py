@@ -44,6 +44,7 @@ _MANY = 10_000_000
 BOUNDS = {
     "eval_size": {"minimum": 1, "maximum": _MANY},
     "train_size": {"minimum": 0, "maximum": _MANY},
+    "test_size": {"minimum": 0, "maximum": _MANY},
     "steps": {"minimum": 1, "maximum": 1_000_000},
     "problems_per_step": {"minimum": 1, "maximum": 1_000_000},
     "group_size": {"minimum": 1, "maximum": 4096},  # 1 is refused in __post_init__, with the reason
@@ -141,6 +142,10 @@ class TaskSpec:
     train_file / test_file: local files that override `source` per split.
     eval_size: held-out problems evaluated at step 0 and every `eval_every` steps (fixed subset).
     train_size: cap on training problems (0 = all).
+    test_size: problems held out when the task splits one dataset itself (0 = the task's default:
+        deepcoder 1,000, dapo_math 10%); for small local files such as tests/data/deepcoder.
+    runtime_results: deepcoder only: the paper's runtime_results.json; only tests whose status is "passed"
+        are kept (marlflow.tasks.deepcoder_runtime builds one). "" keeps every test.
     """
 
     name: str
@@ -149,6 +154,8 @@ class TaskSpec:
     test_file: str = ""
     eval_size: int = 200
     train_size: int = 0
+    test_size: int = 0
+    runtime_results: str = ""
 
     def __post_init__(self):
         _check_fields(self, "task.")

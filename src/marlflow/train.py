@@ -15,6 +15,7 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import sys
@@ -56,10 +57,25 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.backend == "vllm":
         from marlflow.vllm_backend import require_vllm
 
-        require_vllm()
+        require_vllm(cfg.device)
 
 
-def build_trainer(cfg: RunConfig, out_dir: Path):
+class LoadedTask:
+    """A task whose train and test splits are loaded up front: a broken dataset fails in seconds, before
+    the model loads and before the run folder exists. Everything else is the task's own."""
+
+    def __init__(self, task, spec):
+        self._task = task
+        self._splits = {split: task.load(split, spec) for split in ("train", "test")}
+
+    def load(self, split: str, spec=None):
+        return self._splits[split]
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+
+def build_trainer(cfg: RunConfig, out_dir: Path, task=None):
     from marlflow.models import load_model_and_tokenizer
     from marlflow.trainer import MultiAgentGRPOTrainer
 
@@ -67,14 +83,30 @@ def build_trainer(cfg: RunConfig, out_dir: Path):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     base, tok = load_model_and_tokenizer(cfg.model, device=cfg.device)
-    return MultiAgentGRPOTrainer(cfg, attach_adapters(cfg, base), tok, get_task(cfg.task.name), out_dir)
+    task = task if task is not None else get_task(cfg.task.name)
+    return MultiAgentGRPOTrainer(cfg, attach_adapters(cfg, base), tok, task, out_dir)
 
 
-def run(cfg: RunConfig, out_dir: Path) -> pd.DataFrame:
+def _remove_empty_dirs(top: Path) -> None:
+    """Remove `top` and folders under it that hold no file; anything with a file in it stays."""
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
+
+
+def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "DONE").unlink(missing_ok=True)
-    trainer = build_trainer(cfg, out_dir)
-    metrics = trainer.fit()
+    try:
+        trainer = build_trainer(cfg, out_dir, task)
+        metrics = trainer.fit()
+    except BaseException:
+        if created:  # a run that failed before writing anything leaves no empty folder behind
+            _remove_empty_dirs(out_dir)
+        raise
     write_metrics(metrics, out_dir / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")
     write_final(out_dir, cfg, metrics)
@@ -92,17 +124,23 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = RunConfig.load(args.config)
-    except (ConfigError, ValueError, FileNotFoundError, KeyError, TypeError) as err:  # ValueError: bad JSON
+    except ConfigError as err:  # every problem with the file, its JSON, a key or a value
         print(f"marlflow.train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
     try:
-        get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
+        task = get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
     except KeyError as err:
         print(f"marlflow.train: invalid run config {args.config}: {err.args[0]}; fix the task's name in "
               "matrix.yaml (presets.<preset>.tasks)", file=sys.stderr)  # fmt: skip
         return 2
     try:
-        run(cfg, Path(args.out))
+        task = LoadedTask(task, cfg.task)
+    except (OSError, ValueError) as err:  # DataError is a ValueError; it names the file, line and field
+        print(f"marlflow.train: run {cfg.run_id}: dataset of task {cfg.task.name!r} (task.* in "
+              f"{args.config}): {err}", file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        run(cfg, Path(args.out), task)
     except (OSError, ValueError, RuntimeError) as err:
         hint = ""
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:

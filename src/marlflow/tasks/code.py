@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from marlflow import sandbox
 from marlflow.tasks import Problem, register
-from marlflow.tasks.math import _cap, _check_split, _nonempty, source_rows, split_records
+from marlflow.tasks.math import DataError, _cap, _check_split, _nonempty, field, source_rows, split_records
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -81,18 +81,19 @@ class MBPP(CodeTask):
         _check_split(split)
         rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, split)
         lo, hi = MBPP_SPLITS[split]
-        if not is_split:
-            rows = [r for r in rows if lo <= int(r["task_id"]) <= hi]
-        rows = sorted(rows, key=lambda r: int(r["task_id"]))
+        ids = [field(rows, i, "task_id", "int") for i in range(len(rows))]
+        order = sorted((i for i in range(len(rows)) if is_split or lo <= ids[i] <= hi), key=lambda i: ids[i])
         out = []
-        for r in rows:
-            asserts = list(r["test_list"])
-            setup = (r.get("test_setup_code") or "").strip()
+        for i in order:
+            asserts = field(rows, i, "test_list", "text_list")
+            setup = field(rows, i, "test_setup_code", required=False, default="").strip()
             tests = (setup + "\n" if setup else "") + "\n".join(asserts) + "\n"
-            text = r.get("text") or r.get("prompt") or ""
+            text = field(rows, i, "text", required=False) or field(
+                rows, i, "prompt", required=False, default=""
+            )
             prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
-            out.append(Problem(f"mbpp/{r['task_id']}", "mbpp", "code", prompt, str(r["code"]), tests=tests,
-                               meta={"task_id": int(r["task_id"])}))  # fmt: skip
+            out.append(Problem(f"mbpp/{ids[i]}", "mbpp", "code", prompt, field(rows, i, "code"), tests=tests,
+                               meta={"task_id": ids[i]}))  # fmt: skip
         return _nonempty(_cap(out, spec, split), self.name, split)
 
 
@@ -108,13 +109,19 @@ class HumanEval(CodeTask):
                 "humaneval has only a test split (164 problems); train on mbpp or set task.train_file"
             )
         rows, _ = source_rows(spec, split, self.hub_id, None, "test")
-        rows = sorted(rows, key=lambda r: int(str(r["task_id"]).split("/")[-1]))
-        out = [
-            Problem(r["task_id"], "humaneval", "code", r["prompt"], r["prompt"] + r["canonical_solution"],
-                    tests=f"{r['test']}\n\ncheck({r['entry_point']})\n", entry_point=r["entry_point"],
-                    meta={"prefix": r["prompt"]})
-            for r in rows
-        ]  # fmt: skip
+        items = []
+        for i in range(len(rows)):
+            tid, prompt = field(rows, i, "task_id"), field(rows, i, "prompt")
+            num = tid.rsplit("/", 1)[-1]
+            if not num.isdigit():
+                raise DataError(
+                    f"{rows.where(i)}: field 'task_id' is {tid!r}; it must look like 'HumanEval/12'"
+                )
+            sol, test, entry = (field(rows, i, k) for k in ("canonical_solution", "test", "entry_point"))
+            items.append((int(num), Problem(tid, "humaneval", "code", prompt, prompt + sol,
+                                            tests=f"{test}\n\ncheck({entry})\n", entry_point=entry,
+                                            meta={"prefix": prompt})))  # fmt: skip
+        out = [p for _, p in sorted(items, key=lambda it: it[0])]
         return _nonempty(_cap(out, spec, split), self.name, split)
 
     def program(self, problem: Problem, code: str) -> str:
@@ -174,21 +181,42 @@ class DeepCoder(CodeTask):
     test_count = 1000
 
     def load(self, split: str, spec=None) -> list[Problem]:
+        """The paper's filtering (marlflow.tasks.deepcoder_runtime): with `task.runtime_results`, only the
+        tests a reference solution passed are kept; problems left without tests are dropped; then
+        shuffle(seed=42) and the first `task.test_size` (default 1,000) problems are the test split."""
+        from marlflow.tasks import deepcoder_runtime as rt
+
         _check_split(split)
         rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, "train")
+        results_file = getattr(spec, "runtime_results", "") if spec is not None else ""
+        if results_file and is_split:
+            raise DataError(
+                "task.runtime_results indexes the whole primeintellect train split, so it needs task.source "
+                "(the hub id or one local file), not task.train_file/test_file or a folder of splits"
+            )
+        where = rows.where if hasattr(rows, "where") else (lambda i: f"row {i + 1}")
+        parsed = []
+        for i in range(len(rows)):
+            field(rows, i, "problem")  # a row that is not an object, or has no problem text, fails here
+            parsed.append(rt.parse_tests(rows[i].get("tests"), where(i)))
+        results = rt.load_results(results_file, rows, parsed) if results_file else {}
         problems = []
-        for i, r in enumerate(rows):
-            tests = deepcoder_tests(r.get("tests") or "[]")
+        for i, tests_i in enumerate(parsed):
+            kept = rt.keep_passed(tests_i, results.get(i)) if results_file else tests_i
+            try:
+                tests = deepcoder_tests(kept) if kept else ""
+            except (ValueError, TypeError, KeyError) as err:
+                raise DataError(
+                    f"{where(i)}: field 'tests' cannot be turned into sandbox tests ({err!r})"
+                ) from None
             if not tests:
                 continue
-            sols = r.get("solutions") or []
-            if isinstance(sols, str):  # parquet gives arrays, JSON lists; some dumps a JSON string
-                sols = json.loads(sols) if sols.startswith("[") else [sols]
-            answer = str(list(sols)[0]) if len(sols) else str(r.get("solution") or "")
-            problems.append(Problem("", "deepcoder", "code", str(r["problem"]), answer, tests=tests,
-                                    meta={"row": i}))  # fmt: skip
+            sols = rt.solutions_of(rows[i])
+            problems.append(Problem("", "deepcoder", "code", rows[i]["problem"], sols[0] if sols else "",
+                                    tests=tests, meta={"row": i, "tests": len(kept)}))  # fmt: skip
         if not is_split:
-            train, test = split_records(problems, self.test_count, seed=42, shuffle_only=True)
+            n_test = (getattr(spec, "test_size", 0) if spec is not None else 0) or self.test_count
+            train, test = split_records(problems, n_test, seed=42, shuffle_only=True)
             problems = train if split == "train" else test
         out = [Problem(f"deepcoder/{p.meta['row']}", *_fields(p)) for p in problems]
         return _nonempty(_cap(out, spec, split), self.name, split)

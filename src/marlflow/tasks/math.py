@@ -41,29 +41,129 @@ HUB_LOAD_DATASET: Callable | None = None  # tests: a load_dataset-like function 
 # Data helpers (shared with marlflow.tasks.code)
 
 
-def read_records(path: str | Path, key: str = "task.source") -> list[dict]:
-    """Rows of a local .jsonl, .json (list) or .parquet file (or .jsonl.gz)."""
+class DataError(ValueError):
+    """A dataset that cannot be used; the message names the file, the line or row, the field and the fix."""
+
+
+class Records(list):
+    """Dataset rows that remember where they came from, so an error can name the file and line."""
+
+    def __init__(self, rows, origin: str, lines: list[int] | None = None):
+        super().__init__(rows)
+        self.origin, self.lines = origin, lines
+
+    def where(self, i: int) -> str:
+        if self.lines is not None:
+            return f"{self.origin} line {self.lines[i]}"
+        return f"{self.origin} row {i + 1}"
+
+
+_KINDS = {
+    "text": "a string",
+    "answer": "a string or a number",
+    "int": "an integer",
+    "text_list": "a list of strings",
+}
+
+
+def field(rows: Records, i: int, key: str, kind: str = "text", default=None, required: bool = True):
+    """Row i's `key`, checked to be of `kind` (see _KINDS); DataError naming the file, line and field.
+
+    Parquet gives numpy arrays and numpy scalars where JSON gives lists and ints; both are accepted."""
+    row = rows[i]
+    where = rows.where(i) if isinstance(rows, Records) else f"row {i + 1}"
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: the row is a JSON {type(row).__name__}, not an object with named fields")
+    v = row.get(key)
+    if v is None:
+        if not required:
+            return default
+        have = ", ".join(map(str, list(row)[:12])) or "none"
+        raise DataError(
+            f"{where}: field {key!r} is {'null' if key in row else 'missing'}; it must be {_KINDS[kind]} "
+            f"(fields present: {have}). Fix the file, or point task.source at the dataset in its original format"
+        )
+    if hasattr(v, "tolist") and not isinstance(v, str | bytes):
+        v = v.tolist()  # numpy array or scalar from parquet
+    ok = {
+        "text": isinstance(v, str),
+        "answer": isinstance(v, str | int | float) and not isinstance(v, bool),
+        "int": (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, str) and v.strip().lstrip("-").isdigit()),
+        "text_list": isinstance(v, list | tuple) and all(isinstance(x, str) for x in v),
+    }[kind]
+    if not ok:
+        r = repr(v)
+        r = r if len(r) <= 80 else r[:60] + f"... ({len(r)} characters)"
+        raise DataError(
+            f"{where}: field {key!r} is {r} of type {type(v).__name__}; it must be {_KINDS[kind]}"
+        )
+    return int(v) if kind == "int" else list(v) if kind == "text_list" else v
+
+
+def read_records(path: str | Path, key: str = "task.source") -> Records:
+    """Rows of a local .jsonl, .json (list) or .parquet file (or .jsonl.gz), with their line numbers."""
     p = Path(path)
     if not p.is_file():
+        what = "is a directory, not a file" if p.is_dir() else "does not exist"
         raise FileNotFoundError(
-            f"dataset file {str(p)!r} does not exist; fix `{key}` for this task in matrix.yaml "
+            f"dataset file {str(p)!r} {what}; fix `{key}` for this task in matrix.yaml "
             "(a local .jsonl/.json/.parquet file, or leave it empty to use the hub dataset)"
         )
     name = p.name.lower()
     if name.endswith(".parquet"):
         import pandas as pd
 
-        return pd.read_parquet(p).to_dict("records")
-    if name.endswith(".gz"):
-        import gzip
+        try:
+            return Records(pd.read_parquet(p).to_dict("records"), str(p))
+        except Exception as err:  # noqa: BLE001 - pyarrow raises many types for a broken file
+            raise DataError(f"dataset file {str(p)!r} is not a readable parquet file ({type(err).__name__}: "
+                            f"{str(err)[:200]}); fix `{key}` in matrix.yaml") from None  # fmt: skip
+    try:
+        if name.endswith(".gz"):
+            import gzip
 
-        with gzip.open(p, "rt", encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = p.read_text(encoding="utf-8")
+            with gzip.open(p, "rb") as f:
+                data = f.read()
+        else:
+            data = p.read_bytes()
+    except (OSError, EOFError) as err:
+        raise DataError(
+            f"dataset file {str(p)!r} cannot be read ({err}); fix `{key}` in matrix.yaml"
+        ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise DataError(
+            f"dataset file {str(p)!r} line {line}: not UTF-8 (byte 0x{data[err.start]:02x}); "
+            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     if name.endswith(".json") and text.lstrip().startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(
+                f"dataset file {str(p)!r} line {err.lineno}: not valid JSON ({err.msg})"
+            ) from None
+        except RecursionError:
+            raise DataError(f"dataset file {str(p)!r}: JSON nested too deeply") from None
+        return Records(rows, str(p))
+    rows, lines = [], []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DataError(
+                f"dataset file {str(p)!r} line {n}: not valid JSON ({err.msg} at column {err.colno}); "
+                "a .jsonl file holds one JSON object per line"
+            ) from None
+        except RecursionError:
+            raise DataError(f"dataset file {str(p)!r} line {n}: JSON nested too deeply") from None
+        lines.append(n)
+    return Records(rows, str(p), lines)
 
 
 def split_records(rows: list, test_size: float | int, seed: int = 42, shuffle_only: bool = False):
@@ -88,7 +188,10 @@ def load_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
     if fn is None:
         from datasets import load_dataset as fn
     ds = fn(hub_id, config, split=split) if config else fn(hub_id, split=split)
-    return [dict(r) for r in ds]
+    return Records(
+        [dict(r) for r in ds],
+        f"hub dataset {hub_id}" + (f" ({config}, {split})" if config else f" ({split})"),
+    )
 
 
 def is_local(source: str) -> bool:
@@ -366,11 +469,10 @@ class GSM8K(_MathTask):
     def load(self, split: str, spec=None) -> list[Problem]:
         _check_split(split)
         rows, _ = source_rows(spec, split, self.hub_id, self.hub_config, split)
-        out = [
-            Problem(f"gsm8k/{split}/{i}", "gsm8k", "math", r["question"], gsm8k_gold(str(r["answer"])),
-                    meta={"solution": r["answer"]})
-            for i, r in enumerate(rows)
-        ]  # fmt: skip
+        out = []
+        for i in range(len(rows)):
+            q, a = field(rows, i, "question"), str(field(rows, i, "answer", "answer"))
+            out.append(Problem(f"gsm8k/{split}/{i}", "gsm8k", "math", q, gsm8k_gold(a), meta={"solution": a}))
         return _nonempty(_cap(out, spec, split), self.name, split)
 
 
@@ -392,11 +494,14 @@ class MATH(_MathTask):
         rows, _ = source_rows(spec, split, hub_id, cfg, "test" if split == "test" else "train")
         out = []
         for i, r in enumerate(rows):
-            gold = r.get("answer") or last_boxed(r.get("solution", ""))
+            problem = field(rows, i, "problem")
+            gold = field(rows, i, "answer", "answer", required=False)
+            if gold in (None, ""):
+                gold = last_boxed(field(rows, i, "solution", required=False, default=""))
             if gold is None:
                 continue
-            uid = r.get("unique_id") or str(i)
-            out.append(Problem(f"math/{uid}", "math", "math", r["problem"], str(gold),
+            uid = field(rows, i, "unique_id", "answer", required=False) or str(i)
+            out.append(Problem(f"math/{uid}", "math", "math", problem, str(gold),
                                meta={k: r.get(k) for k in ("subject", "level")}))  # fmt: skip
         return _nonempty(_cap(out, spec, split), self.name, split)
 
@@ -411,13 +516,14 @@ class DAPOMath(_MathTask):
     def load(self, split: str, spec=None) -> list[Problem]:
         _check_split(split)
         rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, "train")
+        # Checked before the split so that an error names the row of the file, not of a shuffled split.
+        items = [
+            (field(rows, i, "prompt"), str(field(rows, i, "solution", "answer"))) for i in range(len(rows))
+        ]
         if not is_split:
-            train, test = split_records(rows, 0.1, seed=42)
-            rows = train if split == "train" else test
-        out = [
-            Problem(f"dapo_math/{split}/{i}", "dapo_math", "math", str(r["prompt"]), str(r["solution"]))
-            for i, r in enumerate(rows)
-        ]  # fmt: skip
+            train, test = split_records(items, 0.1, seed=42)
+            items = train if split == "train" else test
+        out = [Problem(f"dapo_math/{split}/{i}", "dapo_math", "math", q, a) for i, (q, a) in enumerate(items)]
         return _nonempty(_cap(out, spec, split), self.name, split)
 
 

@@ -4,7 +4,7 @@
 Each corpus file is a solution; its `# tests:` line (with `\\n` for newlines) is the test code, written
 so that it passes only if the attack worked. Placeholders: {OUTSIDE} a world-writable folder outside
 the sandbox, {VICTIM} a world-writable file in it, {SECRET_FILE} a world-readable secret, {SECRET},
-{PYTEST_PID}.
+{PYTEST_PID}; {HIDDEN} (tests only) a random number the program's text does not contain.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from marlflow import sandbox
 
 HOSTILE = sorted((Path(__file__).parent / "hostile").glob("*.py"))
 SECRET = "s3cr3t-" + os.urandom(6).hex()
+HIDDEN = str(10**9 + int.from_bytes(os.urandom(3), "big"))  # in the tests only, never in the program
 
 
 def _descendants(root: int) -> set[int]:
@@ -54,14 +55,19 @@ def _parse(path: Path, subst: dict) -> tuple[str, str, set[str]]:
     text = path.read_text()
     for k, v in subst.items():
         text = text.replace("{" + k + "}", v)
-    expect, tests = set(), []
+    expect, tests, stdio = set(), [], {}
     for line in text.splitlines():
         if line.startswith("# expect:"):
             expect = set(line.split(":", 1)[1].split())
         elif line.startswith("# tests:"):
-            tests.append(line.split(":", 1)[1].strip().replace("\\n", "\n"))
-    assert expect and tests, f"{path.name} needs '# expect:' and '# tests:' lines"
+            tests.append(line.split(":", 1)[1].strip().replace("\\n", "\n").replace("{HIDDEN}", HIDDEN))
+        elif line.startswith(("# stdio:", "# stdout:")):
+            key, value = line[2:].split(":", 1)
+            stdio[key] = value.strip().replace("\\n", "\n")
+    assert expect and (tests or stdio), f"{path.name} needs '# expect:' and '# tests:' (or '# stdio:') lines"
     assert expect <= set(sandbox.STATUSES) - {"passed"}
+    if stdio:  # a stdin/stdout case: the expected stdout stays with the caller
+        return text, sandbox.stdio_tests([(stdio["stdio"], stdio["stdout"])]), expect
     return text, "\n".join(tests) + "\n", expect
 
 
@@ -124,7 +130,7 @@ def results(world):
 
 
 def test_corpus_is_big_enough():
-    assert len(HOSTILE) >= 25
+    assert len(HOSTILE) >= 58
 
 
 @pytest.mark.parametrize("name", [p.name for p in HOSTILE])

@@ -237,9 +237,15 @@ def convert(tests: str, entry_point: str | None = None):
             elif not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) and not isinstance(s, ast.Import):
                 raise NotConvertible("setup")
     except NotConvertible:
-        if any(isinstance(s, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef) for s in head):
+        # Only plain statements may become setup (they run in the candidate process): no control flow,
+        # no asserts, no definitions, so no test logic and no expected values move there.
+        if not all(isinstance(s, ast.Assign | ast.AugAssign | ast.Expr) for s in head) or any(
+            isinstance(n, ast.Assert | ast.Lambda) for s in head for n in ast.walk(s)
+        ):
             return None
         setup, body = head, body[first:]
+        if not any(isinstance(s, ast.Assert) for s in body):
+            return None
     refs = {t.id for s in setup for n in ast.walk(s) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     only = None if entry_point is None else {entry_point}
     calls, checks = [], []

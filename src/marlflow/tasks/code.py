@@ -9,7 +9,8 @@ The program is the last fenced Python block of a model output (else the whole ou
   model's code (a full function or just its body); tests = `test` + `check(entry_point)`.
 - deepcoder: agentica-org/DeepCoder-Preview-Dataset, subset primeintellect; problems without tests are
   dropped, then shuffle(seed=42) and the first 1,000 are the test split. stdin/stdout tests become
-  sandbox stdio cases (`marlflow.sandbox.stdio_tests`); function-call tests become asserts.
+  sandbox stdio cases (`marlflow.sandbox.stdio_tests`); function-call tests become sandbox call cases
+  (`marlflow.sandbox.CALLS_MARKER`): arguments go to the program, expected values never do.
 
     task = get_task("mbpp"); problems = task.load("test", TaskSpec(name="mbpp", source="data/mbpp/mbpp.jsonl"))
     task.score(problems, outputs)
@@ -53,6 +54,17 @@ class CodeTask:
     def program(self, problem: Problem, code: str) -> str:
         return code
 
+    def job(self, problem: Problem, code: str) -> dict:
+        """The sandbox job for one answer. Asserts become (call, expected) pairs judged in this process;
+        other tests run in the sandbox's judge process, where `prelude` (trusted code such as the HumanEval
+        prompt's helpers) is defined and `entry_point` is the only name that reaches the program."""
+        job = {"code": self.program(problem, code), "tests": problem.tests}
+        if problem.entry_point:
+            job["entry_point"] = problem.entry_point
+        if problem.meta.get("prefix"):
+            job["prelude"] = problem.meta["prefix"]
+        return job
+
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
         if len(problems) != len(outputs):
             raise ValueError(f"{len(problems)} problems but {len(outputs)} outputs")
@@ -60,7 +72,7 @@ class CodeTask:
         for i, (p, out) in enumerate(zip(problems, outputs)):
             code = self.extract(out)
             if code is not None:
-                jobs.append((self.program(p, code), p.tests))
+                jobs.append(self.job(p, code))
                 idx.append(i)
         rewards = [0.0] * len(problems)
         for i, r in zip(idx, sandbox.verify_many(jobs, timeout=self.timeout, memory_mb=self.memory_mb)):
@@ -132,21 +144,6 @@ class HumanEval(CodeTask):
         return prefix + code if first[:1] in (" ", "\t") else prefix + "\n\n" + code
 
 
-_FN_TESTS = """\
-import json as _json
-_cases = _json.loads({cases!r})
-_fn = Solution().{fn} if "Solution" in globals() and hasattr(Solution, {fn!r}) else {fn}
-def _norm(v):
-    try:
-        return _json.loads(_json.dumps(v))
-    except (TypeError, ValueError):
-        return v
-for _args, _expected in _cases:
-    _got = _norm(_fn(*_args))
-    assert _got == _expected or [_got] == _expected, (_args, _got, _expected)
-"""
-
-
 def deepcoder_tests(raw) -> str:
     """Sandbox test code for a DeepCoder `tests` field (JSON string or list); "" when it has none."""
     tests = json.loads(raw) if isinstance(raw, str) else raw
@@ -161,13 +158,15 @@ def deepcoder_tests(raw) -> str:
         return ""
     calls = [t for t in tests if t.get("type") == "function_call" and t.get("fn_name")]
     if calls:
+        # Call tests: the sandbox sends each call's arguments to the program and compares its (strictly
+        # encoded) return value here with `expected` (JSON-normalised; `[got] == expected` also passes).
         fn = calls[0]["fn_name"]
         cases = []
         for t in calls:
             args = json.loads(t["input"]) if isinstance(t["input"], str) else t["input"]
             exp = json.loads(t["output"]) if isinstance(t["output"], str) else t["output"]
             cases.append([args if isinstance(args, list) else [args], exp])
-        return _FN_TESTS.format(cases=json.dumps(cases), fn=fn)
+        return sandbox.CALLS_MARKER + "\n" + json.dumps({"fn": fn, "cases": cases})
     stdio = [(str(t["input"]), str(t["output"])) for t in tests if "input" in t and "output" in t]
     return sandbox.stdio_tests(stdio) if stdio else ""
 

@@ -1,14 +1,14 @@
-# All runs -> tidy summary tables (peak/terminal/cliff, failure signatures, gradient dynamics).
+# All runs -> tidy summary tables (peak/terminal/cliff, failure signatures, gradient dynamics, seed CIs,
+# contrasts, claims). The output list is marlflow.aggregate.OUTPUTS itself, so rule and module agree.
+from marlflow.aggregate import OUTPUTS as AGGREGATE_OUTPUTS
+
+
 rule aggregate:
     input:
         metrics=expand("results/runs/{run_id}/metrics.parquet", run_id=RUN_IDS),
         done=expand("results/runs/{run_id}/DONE", run_id=RUN_IDS),
     output:
-        "results/tables/summary.parquet",
-        "results/tables/summary.csv",
-        "results/tables/summary.md",
-        "results/tables/failures.csv",
-        "results/tables/grad_dynamics.csv",
+        expand("results/tables/{name}", name=AGGREGATE_OUTPUTS),
     log:
         "results/logs/aggregate.log",
     conda:

@@ -19,6 +19,7 @@ from marlflow.analysis import (
     markdown_table,
     peak_terminal_latex,
     peak_terminal_table,
+    solution_marker,
     summarize_runs,
     threshold,
 )
@@ -33,10 +34,10 @@ def factors(run_id: str) -> dict:
                 seed=int(seed[1:]), intervention="none")  # fmt: skip
 
 
-def eval_rows(run_id: str, steps, acc, n_eval=100, se=None) -> list[dict]:
+def eval_rows(run_id: str, steps, acc, n_eval=100, se=None, halves=None) -> list[dict]:
     out = []
     for i, (s, a) in enumerate(zip(steps, acc)):
-        vals = {"accuracy": a, "n_eval": n_eval}
+        vals = {"accuracy": a, "n_eval": n_eval, **(halves[i] if halves else {})}
         if se is not None:
             vals["accuracy_se"] = se
         out += rows(factors(run_id), s, "eval", "all", vals)
@@ -78,7 +79,9 @@ def build_runs() -> dict[str, pd.DataFrame]:
         + role_eval_rows(CAPTURE, 20, "aggregator", completion_length=30.0, format_failure_rate=0.1)
         + role_eval_rows(CAPTURE, 0, "generator", completion_length=60.0)
         + role_eval_rows(CAPTURE, 20, "generator", completion_length=50.0),
-        SAMPLE_CAPTURE: eval_rows(SAMPLE_CAPTURE, [0, 20], [0.30, 0.45], se=0.01),
+        SAMPLE_CAPTURE: eval_rows(SAMPLE_CAPTURE, [0, 20], [0.30, 0.45], se=0.01)
+        + role_eval_rows(SAMPLE_CAPTURE, 0, "evaluator", solution_marker_share=0.05, calls=300)
+        + role_eval_rows(SAMPLE_CAPTURE, 20, "evaluator", solution_marker_share=0.40, calls=250),
         SINGLE: eval_rows(SINGLE, [0, 10, 20], [0.40, 0.50, 0.50]),
         GRADS: eval_rows(GRADS, [0, 2, 4, 6], [0.40, 0.50, 0.50, 0.40])
         + train_role_rows(GRADS, "generator", [1, 2, 3, 4, 5, 6], [0.5, 0.5, 0.6, 0.7, 0.8, 0.8])
@@ -153,11 +156,24 @@ def test_summary_numbers(metrics):
 
 
 def test_cliff_boundary_uses_tolerance():
-    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.50], se=0.01))
+    # n so large that the 5-point floor, not the SE, decides
+    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.50], n_eval=10**7))
     s = summarize_runs(df).iloc[0]
     assert 0.55 - 0.50 != 0.05 and bool(s["cliff"])  # 0.04999... still counts as 5 points
-    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.51], se=0.01))
+    df = pd.DataFrame(eval_rows("voting-ip-toy-math-s9", [0, 10, 20], [0.40, 0.55, 0.51], n_eval=10**7))
     assert not bool(summarize_runs(df).iloc[0]["cliff"])
+
+
+def test_cliff_needs_more_than_noise():
+    # the README's old cliffs: 0.885 at step 20, 0.83 at 40, n = 200, 5 evals: within the noise now
+    acc = [0.31, 0.80, 0.885, 0.86, 0.83]
+    s = summarize_runs(pd.DataFrame(eval_rows(SINGLE, [0, 10, 20, 30, 40], acc, n_eval=200))).iloc[0]
+    assert not s["cliff"] and s["drop"] == pytest.approx(0.885 - (0.86 + 0.83) / 2)
+    # the same curve with a 20-point fall at the end is a cliff
+    acc = [0.31, 0.80, 0.885, 0.75, 0.65]
+    assert summarize_runs(pd.DataFrame(eval_rows(SINGLE, [0, 10, 20, 30, 40], acc, n_eval=200)))[
+        "cliff"
+    ].all()
 
 
 def test_run_without_eval_or_base():
@@ -173,7 +189,7 @@ def test_run_without_eval_or_base():
 
 
 def test_failure_signatures(metrics):
-    f = failure_signatures(metrics, summarize_runs(metrics), build_samples())
+    f = failure_signatures(metrics, summarize_runs(metrics))
     assert list(f.columns) == FAILURE_COLUMNS
     flags = {
         r["run_id"]: (r["cliff"], r["collapse"], r["stagnation"], r["capture"]) for r in by_run(f).values()
@@ -184,18 +200,48 @@ def test_failure_signatures(metrics):
         COLLAPSE: (True, True, True, False),
         CAPTURE: (False, False, True, True),
         SAMPLE_CAPTURE: (False, False, False, True),
-        SINGLE: (False, False, False, False),
-        GRADS: (True, False, False, False),
+        # at n = 100, +10 points over 2 evals and -10 points at the end are within the noise
+        SINGLE: (False, False, True, False),
+        GRADS: (False, False, True, False),
     }
     ev = by_run(f)
-    assert ev[CLIFF]["evidence"] == "cliff: peak 0.700 at step 20, terminal 0.500 (drop 0.200 >= 0.092)"
-    assert ev[COLLAPSE]["evidence"].split("; ")[1] == "collapse: terminal 0.200 < base 0.500 - 0.060"
+    assert ev[CLIFF]["evidence"] == (
+        "cliff: drop 0.175 from an eval to the mean of the (<= 3) evals after it >= max(0.05, 2.33 x SE 0.061) "
+        "(max 0.700 at step 20, terminal_mean3 0.583)"
+    )
+    assert ev[COLLAPSE]["evidence"].split("; ")[1] == "collapse: terminal_mean3 0.317 below base 0.500"
     assert "aggregator completion_length 10.0 -> 30.0" in ev[CAPTURE]["evidence"]
-    assert "evaluator outputs with ```/\\boxed{ 0/2 -> 2/3 (steps 0 -> 20)" in ev[SAMPLE_CAPTURE]["evidence"]
+    assert (
+        "evaluator solution_marker_share 0.05 -> 0.40 (steps 0 -> 20, 300 / 250 calls"
+        in ev[SAMPLE_CAPTURE]["evidence"]
+    )
     assert ev[MONO]["evidence"] == ""
-    # without samples the samples-only capture disappears
-    f2 = by_run(failure_signatures(metrics, summarize_runs(metrics), None))
-    assert not f2[SAMPLE_CAPTURE]["capture"]
+
+
+def test_marker_never_matches_the_roles_own_format():
+    """Eval-Opt's verdict \\boxed{Correct} and Voting's pick \\boxed{2} are not solutions (the old rule counted
+    every \\boxed{ as one); a boxed answer or a code fence in a supervisory role's output is."""
+    assert not solution_marker("eval_opt", "The steps check out. \\boxed{Correct}")
+    assert not solution_marker("eval_opt", "\\boxed{ incorrect } the sign is wrong")
+    assert solution_marker("eval_opt", "\\boxed{Incorrect}. It should be \\boxed{12}")
+    assert not solution_marker("voting", "Solution 2 is right: \\boxed{2}")
+    assert solution_marker("voting", "\\boxed{x = 3}") and solution_marker("voting", "```python\nf()\n```")
+    assert solution_marker("orch_workers", "STRATEGY 1: add \\boxed{7}")
+    assert not solution_marker("orch_workers", "STRATEGY 1: expand\nSTRATEGY 2: factor")
+    assert not solution_marker("single", "\\boxed{3}")
+
+
+def test_capture_share_rise_must_beat_its_noise():
+    base = eval_rows(SAMPLE_CAPTURE, [0, 20], [0.30, 0.45])
+    # the old false positive: 4 logged samples, one more with a marker (0.25) crossed the 0.2 threshold
+    few = base + role_eval_rows(SAMPLE_CAPTURE, 0, "evaluator", solution_marker_share=0.0, calls=4)
+    few += role_eval_rows(SAMPLE_CAPTURE, 20, "evaluator", solution_marker_share=0.25, calls=4)
+    df = pd.DataFrame(few)
+    assert not failure_signatures(df, summarize_runs(df)).iloc[0]["capture"]
+    many = base + role_eval_rows(SAMPLE_CAPTURE, 0, "evaluator", solution_marker_share=0.0, calls=400)
+    many += role_eval_rows(SAMPLE_CAPTURE, 20, "evaluator", solution_marker_share=0.25, calls=400)
+    df = pd.DataFrame(many)
+    assert failure_signatures(df, summarize_runs(df)).iloc[0]["capture"]
 
 
 def test_capture_by_format_and_not_by_short_aggregator():

@@ -7,8 +7,12 @@ deterministically (sorted rows, no timestamps):
     failures.csv                               run_id, cliff, collapse, stagnation, capture, evidence
     grad_dynamics.csv                          one row per run x role (analysis.GRAD_COLUMNS)
     peak_terminal.md, peak_terminal.tex        rows workflow x sharing, columns scale x task, "peak / terminal"
+    summary_by_cell.parquet, .csv, .md         one row per cell: mean and 95% CI over seeds
+    contrasts.csv, contrasts.md                seed-paired SP - IP and MA - SA differences with CIs
+    claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
 
-Definitions: marlflow.analysis.definitions.DEFINITIONS.
+OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
+NaN in the csv/parquet and "n/a" in the md files. Definitions: marlflow.analysis.definitions.DEFINITIONS.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from marlflow.analysis import (
     peak_terminal_table,
     summarize_runs,
 )
+from marlflow.analysis.claims import VERDICT_RULE, claims_table
+from marlflow.analysis.seeds import ci_markdown, contrasts, contrasts_markdown, summary_by_cell
 from marlflow.analysis.tables import CAPTION
 from marlflow.metrics import atomic_write_parquet, atomic_write_text
 
@@ -41,6 +47,13 @@ OUTPUTS = [
     "grad_dynamics.csv",
     "peak_terminal.md",
     "peak_terminal.tex",
+    "summary_by_cell.parquet",
+    "summary_by_cell.csv",
+    "summary_by_cell.md",
+    "contrasts.csv",
+    "contrasts.md",
+    "claims.csv",
+    "claims.md",
 ]
 
 
@@ -49,14 +62,19 @@ def csv_text(df: pd.DataFrame) -> str:
     return df.to_csv(index=False, lineterminator="\n")
 
 
-def build_tables(metrics: pd.DataFrame, samples: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
-    """All aggregate tables from loaded runs: summary, failures, grad_dynamics, peak_terminal."""
+def build_tables(metrics: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """All aggregate tables from loaded runs: summary, failures, grad_dynamics, peak_terminal,
+    summary_by_cell, contrasts, claims."""
     summary = summarize_runs(metrics)
+    grads = grad_dynamics(metrics)
     return {
         "summary": summary,
-        "failures": failure_signatures(metrics, summary, samples),
-        "grad_dynamics": grad_dynamics(metrics),
+        "failures": failure_signatures(metrics, summary),
+        "grad_dynamics": grads,
         "peak_terminal": peak_terminal_table(summary),
+        "summary_by_cell": summary_by_cell(summary),
+        "contrasts": contrasts(summary),
+        "claims": claims_table(summary, grads),
     }
 
 
@@ -71,6 +89,27 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     atomic_write_text(out / "grad_dynamics.csv", csv_text(tables["grad_dynamics"]))
     atomic_write_text(out / "peak_terminal.md", f"{CAPTION}\n\n{markdown_table(pt)}")
     atomic_write_text(out / "peak_terminal.tex", peak_terminal_latex(pt))
+    cells = tables["summary_by_cell"]
+    atomic_write_parquet(cells, out / "summary_by_cell.parquet")
+    atomic_write_text(out / "summary_by_cell.csv", csv_text(cells))
+    atomic_write_text(
+        out / "summary_by_cell.md",
+        "Mean [95% CI] over seeds per cell (n/a: fewer than 2 seeds).\n\n"
+        + markdown_table(ci_markdown(cells), index=False),
+    )
+    con = tables["contrasts"]
+    atomic_write_text(out / "contrasts.csv", csv_text(con))
+    atomic_write_text(
+        out / "contrasts.md",
+        "Seed-paired differences, mean [95% CI] over seeds (sp-ip: SP minus IP; ma-sa: workflow minus "
+        "single).\n\n" + markdown_table(contrasts_markdown(con), index=False),
+    )
+    claims = tables["claims"]
+    atomic_write_text(out / "claims.csv", csv_text(claims))
+    shown = claims.drop(columns=["rule"])
+    atomic_write_text(
+        out / "claims.md", f"Verdict rule: {VERDICT_RULE}.\n\n{markdown_table(shown, index=False)}"
+    )
     return [out / name for name in OUTPUTS]
 
 
@@ -80,10 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder, e.g. results/tables")
     args = parser.parse_args(argv)
     try:
-        metrics, samples = load_runs(args.runs)
+        metrics, _ = load_runs(args.runs)
     except (ValueError, FileNotFoundError) as e:
         parser.exit(2, f"marlflow.aggregate: error: {e}\n")
-    paths = write_tables(build_tables(metrics, samples), args.out)
+    paths = write_tables(build_tables(metrics), args.out)
     print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
     return 0
 

@@ -1,12 +1,10 @@
-"""Eval curves and the per-run summary: base, peak, terminal, gains, standard error and the cliff flag.
+"""Eval curves and the per-run summary: base, peak, terminal, gains and the calibrated curve tests.
 
-    curves = eval_curves(metrics)       # one row per run x eval step
+    curves = eval_curves(metrics)       # one row per run x eval step (CURVE_COLUMNS)
     summary = summarize_runs(metrics)   # one row per run (SUMMARY_COLUMNS)
 
-Definitions (see definitions.DEFINITIONS): base = accuracy at step 0; peak = max accuracy, peak_step = first
-step reaching it; terminal = last eval; terminal_mean3 = mean of the last 3 evals; gain_peak = peak - base;
-gain_terminal = terminal - base; se = standard error of one evaluation at peak_step (accuracy_se row, else
-sqrt(p(1-p)/n_eval)); cliff = peak - terminal >= max(0.05, 2 se).
+Every column is defined in definitions.DEFINITIONS; the tests (cliff, collapse, stagnation, with the
+cross-fitted peak_confirmed and the SE of each difference) are computed by stats.curve_tests.
 """
 
 from __future__ import annotations
@@ -16,10 +14,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.definitions import TOL, threshold
+from marlflow.analysis.stats import curve_tests
 from marlflow.metrics import FACTOR_COLUMNS
 
-CURVE_COLUMNS = [*FACTOR_COLUMNS, "step", "accuracy", "accuracy_se", "n_eval"]
+HALF_COLUMNS = ["accuracy_a", "accuracy_b", "n_eval_a", "n_eval_b"]
+CURVE_COLUMNS = [*FACTOR_COLUMNS, "step", "accuracy", "accuracy_se", "n_eval", *HALF_COLUMNS]
 SUMMARY_COLUMNS = [
     *FACTOR_COLUMNS,
     "base",
@@ -27,12 +26,21 @@ SUMMARY_COLUMNS = [
     "peak_step",
     "terminal",
     "terminal_mean3",
+    "peak_confirmed",
     "gain_peak",
+    "gain_confirmed",
     "gain_terminal",
+    "gain_terminal3",
     "se",
+    "drop",
+    "drop_se",
     "cliff",
+    "collapse",
+    "stagnation",
     "n_evals",
 ]
+FLOAT_SUMMARY = ["base", "peak", "terminal", "terminal_mean3", "peak_confirmed", "gain_peak", "gain_confirmed",
+                 "gain_terminal", "gain_terminal3", "se", "drop", "drop_se"]  # fmt: skip
 
 
 def run_factors(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -60,24 +68,31 @@ def wide(metrics: pd.DataFrame, split: str, role: str | None, names: list[str]) 
 
 
 def eval_curves(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Workflow eval accuracy per run x step (eval split, role "all"), with accuracy_se and n_eval (NaN if absent).
-
-    Steps without an accuracy value are dropped.
-    """
-    out = wide(metrics, "eval", "all", ["accuracy", "accuracy_se", "n_eval"])
+    """Workflow eval accuracy per run x step (eval split, role "all"), with accuracy_se, n_eval and the
+    half-set columns (NaN if absent). Steps without an accuracy value are dropped."""
+    out = wide(metrics, "eval", "all", ["accuracy", "accuracy_se", "n_eval", *HALF_COLUMNS])
     out = out[out["accuracy"].notna()]
     return out[CURVE_COLUMNS].reset_index(drop=True)
 
 
-def peak_se(curve: pd.DataFrame, i: int) -> float:
-    """Standard error of the evaluation in row `i` of one run's curve (see module docstring); NaN if unknown."""
+def eval_sizes(curve: pd.DataFrame) -> np.ndarray:
+    """n_eval per row; a missing one is the run's median n_eval, else p(1-p)/accuracy_se^2, else NaN."""
+    n = curve["n_eval"].to_numpy(dtype=float).copy()
+    known = n[np.isfinite(n)]
+    if len(known):
+        return np.where(np.isfinite(n), n, float(np.median(known)))
+    p, se = curve["accuracy"].to_numpy(dtype=float), curve["accuracy_se"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        guess = np.where((se > 0) & (p > 0) & (p < 1), np.round(p * (1 - p) / se**2), np.nan)
+    known = guess[np.isfinite(guess)]
+    return np.full(len(n), float(np.median(known)) if len(known) else math.nan)
+
+
+def peak_se(curve: pd.DataFrame, i: int, n: float) -> float:
+    """Standard error of the single evaluation in row `i` of one run's curve; NaN if unknown."""
     row = curve.iloc[i]
     if pd.notna(row["accuracy_se"]):
         return float(row["accuracy_se"])
-    n = row["n_eval"]
-    if pd.isna(n):
-        ns = curve["n_eval"].dropna()
-        n = float(ns.median()) if len(ns) else math.nan
     if not (n > 0):
         return math.nan
     p = float(row["accuracy"])
@@ -85,29 +100,39 @@ def peak_se(curve: pd.DataFrame, i: int) -> float:
 
 
 def summarize_curve(curve: pd.DataFrame) -> dict:
-    """Summary numbers of one run's eval curve (rows of eval_curves for one run)."""
+    """Summary numbers of one run's eval curve (rows of eval_curves for one run); see DEFINITIONS."""
     c = curve.sort_values("step").reset_index(drop=True)
+    nan = math.nan
     if c.empty:
-        nan = math.nan
-        return dict(base=nan, peak=nan, peak_step=pd.NA, terminal=nan, terminal_mean3=nan, gain_peak=nan,
-                    gain_terminal=nan, se=nan, cliff=False, n_evals=0)  # fmt: skip
+        return dict(base=nan, peak=nan, peak_step=pd.NA, terminal=nan, terminal_mean3=nan, peak_confirmed=nan,
+                    gain_peak=nan, gain_confirmed=nan, gain_terminal=nan, gain_terminal3=nan, se=nan, drop=nan,
+                    drop_se=nan, cliff=False, collapse=False, stagnation=False, n_evals=0)  # fmt: skip
     acc = c["accuracy"].to_numpy(dtype=float)
     steps = c["step"].to_numpy()
-    at0 = acc[steps == 0]
-    base = float(at0[0]) if len(at0) else math.nan
+    has_base = bool(steps[0] == 0)
+    base = float(acc[0]) if has_base else nan
+    n = eval_sizes(c)
+    halves = [c[k].to_numpy(dtype=float) for k in HALF_COLUMNS]
+    r = {k: v[0] for k, v in curve_tests(acc, n, *halves, has_base=has_base).items()}
     i = int(np.argmax(acc))
     peak, terminal = float(acc[i]), float(acc[-1])
-    se = peak_se(c, i)
     return dict(
         base=base,
         peak=peak,
         peak_step=int(steps[i]),
         terminal=terminal,
-        terminal_mean3=float(acc[-3:].mean()),
+        terminal_mean3=float(r["terminal_mean"]),
+        peak_confirmed=float(r["peak_confirmed"]),
         gain_peak=peak - base,
+        gain_confirmed=float(r["peak_confirmed"]) - base,
         gain_terminal=terminal - base,
-        se=se,
-        cliff=bool(peak - terminal >= threshold(se) - TOL),
+        gain_terminal3=float(r["terminal_mean"]) - base,
+        se=peak_se(c, i, float(n[i])),
+        drop=float(r["drop"]),
+        drop_se=float(r["drop_se"]),
+        cliff=bool(r["cliff"]),
+        collapse=bool(r["collapse"]),
+        stagnation=bool(r["stagnation"]),
         n_evals=len(c),
     )
 
@@ -123,7 +148,8 @@ def summarize_runs(metrics: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame.from_records(records, columns=SUMMARY_COLUMNS)
     out["peak_step"] = out["peak_step"].astype("Int64")
     out["n_evals"] = out["n_evals"].astype("int64")
-    out["cliff"] = out["cliff"].astype(bool)
-    for c in ("base", "peak", "terminal", "terminal_mean3", "gain_peak", "gain_terminal", "se"):
+    for c in ("cliff", "collapse", "stagnation"):
+        out[c] = out[c].astype(bool)
+    for c in FLOAT_SUMMARY:
         out[c] = out[c].astype("float64")
     return out

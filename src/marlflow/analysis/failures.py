@@ -1,31 +1,35 @@
 """Failure signatures per run: cliff, collapse, stagnation, capture, with a short evidence text.
 
-    failures = failure_signatures(metrics, summary, samples)   # FAILURE_COLUMNS, one row per run
+    failures = failure_signatures(metrics, summary)   # FAILURE_COLUMNS, one row per run
 
-With thr = max(0.05, 2 se) (definitions.threshold): cliff = peak - terminal >= thr; collapse = terminal <
-base - thr; stagnation = gain_peak < thr; capture = the workflow's supervisory role (voting aggregator,
-eval_opt evaluator, orch_workers orchestrator) drifts toward its producer role by length, format failures or
-solution markers in its sampled outputs (exact rule in definitions.DEFINITIONS).
+Cliff, collapse and stagnation come from the summary (curves.summarize_runs, calibrated tests in
+stats.curve_tests). Capture: the workflow's supervisory role (voting aggregator, eval_opt evaluator,
+orch_workers orchestrator) drifts toward its producer role by length, format failures or the share of its
+eval outputs that contain a solution (solution_marker_share, computed in evaluate() over every eval call).
+Exact rules: definitions.DEFINITIONS.
 """
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pandas as pd
 
 from marlflow.analysis.curves import wide
 from marlflow.analysis.definitions import (
+    ALPHA,
     FORMAT_RISE,
     LENGTH_APPROACH,
     LENGTH_GROWTH,
     MARKER_RISE,
-    SOLUTION_MARKERS,
+    MIN_GAP,
     SUPERVISOR,
     TOL,
-    threshold,
+    Z,
 )
 
+ROLE_EVAL_METRICS = ["completion_length", "format_failure_rate", "solution_marker_share", "calls"]
 FAILURE_COLUMNS = ["run_id", "cliff", "collapse", "stagnation", "capture", "evidence"]
 
 
@@ -67,97 +71,82 @@ def capture_from_metrics(role_evals: pd.DataFrame, workflow: str) -> list[str]:
         first, last, s0, s1 = fmt
         if s1 > s0 and last - first >= FORMAT_RISE - TOL:
             out.append(f"capture: {sup} format_failure_rate {first:.2f} -> {last:.2f} (steps {s0} -> {s1})")
+    marker = marker_rise(s)
+    if marker is not None:
+        out.append(marker)
     return out
 
 
-def marker_fraction(outputs: pd.Series, markers: tuple[str, ...]) -> float:
-    """Fraction of outputs that contain any of `markers`."""
-    if outputs.empty:
-        return math.nan
-    return float(outputs.map(lambda o: any(m in o for m in markers)).mean())
+def marker_rise(sup_evals: pd.DataFrame) -> str | None:
+    """Evidence if the supervisory role's solution_marker_share rose from its first to its last eval by
+    >= MARKER_RISE and by >= Z standard errors of the difference of two binomial shares (n = calls)."""
+    if "solution_marker_share" not in sup_evals:
+        return None
+    s = sup_evals[["step", "solution_marker_share", "calls"]].dropna(subset=["solution_marker_share"])
+    s = s.sort_values("step")
+    if len(s) < 2:
+        return None
+    f, last = s.iloc[0], s.iloc[-1]
+    p0, p1 = float(f["solution_marker_share"]), float(last["solution_marker_share"])
+    n0, n1 = float(f["calls"]), float(last["calls"])
+    se = math.sqrt(_shr_var(p0, n0) + _shr_var(p1, n1)) if n0 > 0 and n1 > 0 else math.nan
+    rise = p1 - p0
+    if rise >= MARKER_RISE - TOL and math.isfinite(se) and rise >= Z * se - TOL:
+        return (
+            f"capture: {sup_evals['role'].iloc[0]} solution_marker_share {p0:.2f} -> {p1:.2f} "
+            f"(steps {int(f['step'])} -> {int(last['step'])}, {int(n0)} / {int(n1)} calls, rise {rise:.2f} "
+            f">= max({MARKER_RISE:g}, {Z:g} x SE {se:.3f}))"
+        )
+    return None
 
 
-def capture_from_samples(samples: pd.DataFrame, workflow: str) -> list[str]:
-    """Capture evidence from one run's samples: the supervisory role's share of outputs with a solution marker
-    at the last sampled eval step minus at the first >= MARKER_RISE."""
-    if workflow not in SUPERVISOR or samples.empty:
-        return []
-    sup = SUPERVISOR[workflow][0]
-    markers = SOLUTION_MARKERS[workflow]
-    s = samples[samples["role"] == sup]
-    steps = sorted(s["step"].unique())
-    if len(steps) < 2:
-        return []
-    first = s[s["step"] == steps[0]]["output"]
-    last = s[s["step"] == steps[-1]]["output"]
-    f0, f1 = marker_fraction(first, markers), marker_fraction(last, markers)
-    if f1 - f0 >= MARKER_RISE - TOL:
-        n0 = round(f0 * len(first))
-        n1 = round(f1 * len(last))
-        return [
-            f"capture: {sup} outputs with {'/'.join(markers)} {n0}/{len(first)} -> {n1}/{len(last)} "
-            f"(steps {steps[0]} -> {steps[-1]})"
-        ]
-    return []
+def _shr_var(p: float, n: float) -> float:
+    q = (p * n + 1) / (n + 2)  # Laplace-smoothed, so a share of 0 or 1 still has a variance
+    return q * (1 - q) / n
 
 
-def run_signatures(row: dict, role_evals: pd.DataFrame, samples: pd.DataFrame) -> dict:
+def run_signatures(row: dict, role_evals: pd.DataFrame) -> dict:
     """Failure flags and evidence for one summary row (a dict of SUMMARY_COLUMNS)."""
     ev: list[str] = []
-    thr = threshold(row["se"])
-    peak, terminal, base = row["peak"], row["terminal"], row["base"]
-    cliff = collapse = stagnation = False
+    peak, base = row["peak"], row["base"]
     if row["n_evals"] == 0:
         ev.append("no eval accuracy")
     else:
-        drop = peak - terminal
-        cliff = bool(row["cliff"])  # computed once, in curves.summarize_curve
-        if cliff:
+        if row["cliff"]:
+            z = NormalDist().inv_cdf(1 - ALPHA / max(row["n_evals"] - 1, 1))
             ev.append(
-                f"cliff: peak {peak:.3f} at step {row['peak_step']}, terminal {terminal:.3f} "
-                f"(drop {drop:.3f} >= {thr:.3f})"
+                f"cliff: drop {row['drop']:.3f} from an eval to the mean of the (<= 3) evals after it >= "
+                f"max({MIN_GAP:g}, {z:.2f} x SE {row['drop_se']:.3f}) (max {peak:.3f} at step "
+                f"{row['peak_step']}, terminal_mean3 {row['terminal_mean3']:.3f})"
             )
         if math.isnan(base):
             ev.append("no step-0 eval (collapse, stagnation undefined)")
         else:
-            collapse = bool(terminal < base - thr - TOL)
-            if collapse:
-                ev.append(f"collapse: terminal {terminal:.3f} < base {base:.3f} - {thr:.3f}")
-            stagnation = bool(peak - base < thr - TOL)
-            if stagnation:
-                ev.append(f"stagnation: gain_peak {peak - base:.3f} < {thr:.3f}")
-    cap = capture_from_metrics(role_evals, row["workflow"]) + capture_from_samples(samples, row["workflow"])
+            if row["collapse"]:
+                ev.append(f"collapse: terminal_mean3 {row['terminal_mean3']:.3f} below base {base:.3f}")
+            if row["stagnation"]:
+                ev.append(f"stagnation: no eval significantly above base {base:.3f} (max {peak:.3f})")
+    cap = capture_from_metrics(role_evals, row["workflow"])
     return dict(
         run_id=row["run_id"],
-        cliff=cliff,
-        collapse=collapse,
-        stagnation=stagnation,
+        cliff=bool(row["cliff"]),
+        collapse=bool(row["collapse"]),
+        stagnation=bool(row["stagnation"]),
         capture=bool(cap),
         evidence="; ".join(ev + cap),
     )
 
 
-def failure_signatures(
-    metrics: pd.DataFrame, summary: pd.DataFrame, samples: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """One row per run of `summary` (FAILURE_COLUMNS), sorted by run_id; `samples` may be None or empty."""
-    roles = wide(metrics, "eval", None, ["completion_length", "format_failure_rate"])
+def failure_signatures(metrics: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of `summary` (FAILURE_COLUMNS), sorted by run_id."""
+    roles = wide(metrics, "eval", None, ROLE_EVAL_METRICS)
     roles = roles[roles["role"] != "all"]
     roles_by_run = dict(tuple(roles.groupby("run_id", sort=True)))
-    if samples is None or samples.empty:
-        samples_by_run = {}
-    else:
-        samples_by_run = dict(tuple(samples.groupby("run_id", sort=True)))
-    records = []
-    for row in summary.sort_values("run_id").to_dict("records"):
-        rid = row["run_id"]
-        records.append(
-            run_signatures(
-                row, roles_by_run.get(rid, roles.iloc[0:0]), samples_by_run.get(rid, pd.DataFrame())
-            )
-        )
+    records = [
+        run_signatures(row, roles_by_run.get(row["run_id"], roles.iloc[0:0]))
+        for row in summary.sort_values("run_id").to_dict("records")
+    ]
     out = pd.DataFrame.from_records(records, columns=FAILURE_COLUMNS)
-    for c in ("cliff", "collapse", "stagnation"):
+    for c in ("cliff", "collapse", "stagnation", "capture"):
         out[c] = out[c].astype(bool)
-    out["capture"] = out["capture"].astype(bool)
     return out

@@ -1,11 +1,14 @@
-"""Gradient dynamics per run x role, from the train-split per-role rows grad_norm and grad_share.
+"""Gradient dynamics per run x role, from the train-split per-role gradient metrics trainer.update logs.
 
     grads = grad_dynamics(metrics)   # GRAD_COLUMNS, one row per run x role, sorted
 
 grad_norm_mean/max over train steps; grad_share_mean; grad_share_early/late = mean over the first/last
 ceil(n/3) train steps; grad_share_shift = late - early; norm_ratio = largest/smallest role grad_norm_mean in the
-run; dominant = role with the largest grad_share_mean; share_drop_corr = Pearson correlation over eval
-intervals (s_prev, s] of the role's mean grad_share in the interval with acc(s_prev) - acc(s).
+run; dominant = role with the largest proj_share mean (grad_share if proj_share is not logged);
+share_drop_corr = Pearson correlation over eval intervals (s_prev, s] of the role's mean grad_share in the
+interval with acc(s_prev) - acc(s); <metric>_mean for the metrics in MEAN_METRICS; drift_corr (SP, dominant
+role only) = correlation over train steps of its proj_share with the mean drift (1 - ema_cos) of the other
+roles. Definitions: definitions.DEFINITIONS.
 """
 
 from __future__ import annotations
@@ -31,12 +34,23 @@ GRAD_COLUMNS = [
     "norm_ratio",
     "dominant",
     "share_drop_corr",
+    "proj_share_mean",
+    "cos_others_mean",
+    "slot_amplification_mean",
+    "slot_cos_mean",
+    "ema_cos_mean",
+    "clip_coef_mean",
+    "grad_contrib_post_mean",
+    "drift_corr",
 ]
+MEAN_METRICS = ["proj_share", "cos_others", "slot_amplification", "slot_cos", "ema_cos", "clip_coef",
+                "grad_contrib_post"]  # fmt: skip
+SERIES_METRICS = ["grad_norm", "grad_share", *MEAN_METRICS]
 
 
 def role_train_series(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per-role train rows (not role "all") as a wide table: factors, step, role, grad_norm, grad_share."""
-    out = wide(metrics, "train", None, ["grad_norm", "grad_share"])
+    """Per-role train rows (not role "all") as a wide table: factors, step, role, SERIES_METRICS."""
+    out = wide(metrics, "train", None, SERIES_METRICS)
     return out[out["role"] != "all"].reset_index(drop=True)
 
 
@@ -61,7 +75,7 @@ def share_drop_corr(role_series: pd.DataFrame, curve: pd.DataFrame) -> float:
     return pearson(np.array(xs), np.array(ys))
 
 
-def run_dynamics(series: pd.DataFrame, curve: pd.DataFrame) -> list[dict]:
+def run_dynamics(series: pd.DataFrame, curve: pd.DataFrame, sharing: str = "") -> list[dict]:
     """Rows of GRAD_COLUMNS (without factors) for one run's per-role train series."""
     steps = np.sort(series["step"].unique())
     n = len(steps)
@@ -82,18 +96,32 @@ def run_dynamics(series: pd.DataFrame, curve: pd.DataFrame) -> list[dict]:
                 grad_share_late=lt,
                 grad_share_shift=lt - e,
                 share_drop_corr=share_drop_corr(s, curve),
+                **{f"{m}_mean": s[m].mean() for m in MEAN_METRICS},
+                drift_corr=math.nan,
             )
         )
     norms = [r["grad_norm_mean"] for r in rows if pd.notna(r["grad_norm_mean"])]
     ratio = max(norms) / min(norms) if norms and min(norms) > 0 else math.nan
+    key = "proj_share_mean" if any(pd.notna(r["proj_share_mean"]) for r in rows) else "grad_share_mean"
     top, best = None, -math.inf
     for r in rows:  # rows are sorted by role: ties go to the alphabetically first role
-        if pd.notna(r["grad_share_mean"]) and r["grad_share_mean"] > best:
-            top, best = r["role"], r["grad_share_mean"]
+        if pd.notna(r[key]) and r[key] > best:
+            top, best = r["role"], r[key]
     for r in rows:
         r["norm_ratio"] = ratio
         r["dominant"] = r["role"] == top
+        if r["dominant"] and sharing == "sp" and len(rows) > 1:
+            r["drift_corr"] = drift_corr(series, top)
     return rows
+
+
+def drift_corr(series: pd.DataFrame, dominant: str) -> float:
+    """Correlation over train steps of the dominant role's proj_share with the other roles' mean drift
+    (1 - ema_cos); NaN with fewer than 3 steps where both exist."""
+    dom = series[series["role"] == dominant].set_index("step")["proj_share"]
+    others = series[series["role"] != dominant].groupby("step")["ema_cos"].mean()
+    both = pd.concat([dom, 1.0 - others], axis=1, keys=["share", "drift"]).dropna()
+    return pearson(both["share"].to_numpy(float), both["drift"].to_numpy(float))
 
 
 def grad_dynamics(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -104,7 +132,7 @@ def grad_dynamics(metrics: pd.DataFrame) -> pd.DataFrame:
     records = []
     for rid, s in series.groupby("run_id", sort=True):
         fac = s[FACTOR_COLUMNS].iloc[0].to_dict()
-        for r in run_dynamics(s, curves_by_run.get(rid, curves.iloc[0:0])):
+        for r in run_dynamics(s, curves_by_run.get(rid, curves.iloc[0:0]), str(fac["sharing"])):
             records.append({**fac, **r})
     out = pd.DataFrame.from_records(records, columns=GRAD_COLUMNS)
     out["n_steps"] = out["n_steps"].astype("int64")

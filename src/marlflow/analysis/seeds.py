@@ -1,0 +1,137 @@
+"""Seeds as an axis: per-cell means with 95% CIs over seeds, and seed-matched contrasts.
+
+    cells = summary_by_cell(summary)   # one row per cell: n_seeds, <stat>_mean/_lo/_hi (CELL_STATS)
+    con = contrasts(summary)           # long: contrast (sp-ip | ma-sa), cell keys, stat, n_pairs, mean, lo, hi
+    md = ci_markdown(cells)            # the same as text, "mean [lo, hi]", "n/a" where a CI needs 2 seeds
+
+A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
+see the same problems at every step (the step's problems are a function of seed and step), so SP - IP and
+MA - SA differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from marlflow.analysis.stats import mean_ci
+from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
+
+CELL = ["workflow", "sharing", "scale", "task", "intervention"]
+# summary column -> name in the cell tables (booleans become rates)
+CELL_STATS = {
+    "base": "base",
+    "peak": "peak",
+    "peak_confirmed": "peak_confirmed",
+    "terminal": "terminal",
+    "terminal_mean3": "terminal_mean3",
+    "gain_peak": "gain_peak",
+    "gain_confirmed": "gain_confirmed",
+    "gain_terminal": "gain_terminal",
+    "gain_terminal3": "gain_terminal3",
+    "cliff": "cliff_rate",
+    "collapse": "collapse_rate",
+    "stagnation": "stagnation_rate",
+}
+CONTRAST_STATS = ["base", "peak", "peak_confirmed", "terminal_mean3", "gain_peak", "gain_confirmed",
+                  "gain_terminal3", "cliff"]  # fmt: skip
+CONTRAST_COLUMNS = ["contrast", *CELL, "stat", "n_pairs", "mean", "lo", "hi"]
+
+
+def cell_columns() -> list[str]:
+    cols = [*CELL, "n_seeds", "seeds"]
+    for name in CELL_STATS.values():
+        cols += [f"{name}_mean", f"{name}_lo", f"{name}_hi"]
+    return cols
+
+
+def _sort_cells(df: pd.DataFrame) -> pd.DataFrame:
+    keys = {"workflow": WORKFLOW_ORDER, "sharing": SHARING_ORDER, "scale": SCALE_ORDER, "task": TASK_ORDER}
+    tmp = df.copy()
+    for col, order in keys.items():
+        tmp[f"_{col}"] = tmp[col].map(lambda v, o=order: order_key(o)(v))
+    tmp = tmp.sort_values([f"_{c}" for c in keys] + ["intervention"], kind="stable")
+    return tmp.drop(columns=[f"_{c}" for c in keys]).reset_index(drop=True)
+
+
+def summary_by_cell(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of runs with an eval: number of seeds and mean / 95% CI of CELL_STATS over seeds."""
+    s = summary[summary["n_evals"] > 0]
+    records = []
+    for key, g in s.groupby(CELL, sort=False):
+        rec = dict(zip(CELL, key))
+        rec["n_seeds"] = int(g["seed"].nunique())
+        rec["seeds"] = ",".join(str(x) for x in sorted(g["seed"].unique()))
+        for col, name in CELL_STATS.items():
+            m, lo, hi, _ = mean_ci(g[col].astype(float))
+            rec.update({f"{name}_mean": m, f"{name}_lo": lo, f"{name}_hi": hi})
+        records.append(rec)
+    out = pd.DataFrame.from_records(records, columns=cell_columns())
+    out["n_seeds"] = out["n_seeds"].astype("int64")
+    return _sort_cells(out)
+
+
+def _paired(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
+    return left.merge(right, on=on, suffixes=("", "_ref"))
+
+
+def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
+    """Seed-matched differences with CIs over seeds (CONTRAST_COLUMNS).
+
+    sp-ip: per (workflow, scale, task, intervention), SP run minus IP run of the same seed; sharing "sp-ip".
+    ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run minus the
+    `single` run (sharing sp) of the same scale, task, intervention and seed.
+    """
+    s = summary[summary["n_evals"] > 0].copy()
+    for c in CONTRAST_STATS:
+        s[c] = s[c].astype(float)
+    keep = ["workflow", "scale", "task", "intervention", "seed", *CONTRAST_STATS]
+    records = []
+    sp = s[s["sharing"] == "sp"][keep]
+    ip = s[s["sharing"] == "ip"][keep]
+    pairs = _paired(sp, ip, ["workflow", "scale", "task", "intervention", "seed"])
+    for key, g in pairs.groupby(["workflow", "scale", "task", "intervention"], sort=False):
+        for st in CONTRAST_STATS:
+            m, lo, hi, k = mean_ci(g[st] - g[f"{st}_ref"])
+            records.append(["sp-ip", key[0], "sp-ip", *key[1:], st, k, m, lo, hi])
+    single = s[(s["workflow"] == "single") & (s["sharing"] == "sp")]
+    single = single[["scale", "task", "intervention", "seed", *CONTRAST_STATS]]
+    multi = s[s["workflow"] != "single"][["sharing", *keep]]
+    pairs = _paired(multi, single, ["scale", "task", "intervention", "seed"])
+    for key, g in pairs.groupby(["workflow", "sharing", "scale", "task", "intervention"], sort=False):
+        for st in CONTRAST_STATS:
+            m, lo, hi, k = mean_ci(g[st] - g[f"{st}_ref"])
+            records.append(["ma-sa", *key, st, k, m, lo, hi])
+    out = pd.DataFrame.from_records(records, columns=CONTRAST_COLUMNS)
+    out["n_pairs"] = out["n_pairs"].astype("int64")
+    if out.empty:
+        return out
+    out = _sort_cells(out)
+    out["_c"] = out["contrast"].map({"sp-ip": 0, "ma-sa": 1})
+    out["_s"] = out["stat"].map(CONTRAST_STATS.index)
+    out = out.sort_values(["_c"], kind="stable").drop(columns=["_c", "_s"]).reset_index(drop=True)
+    return out
+
+
+def fmt_ci(m: float, lo: float, hi: float, digits: int = 3) -> str:
+    """'0.612 [0.580, 0.644]'; 'n/a' for a missing CI; '' for a missing mean."""
+    if m is None or not math.isfinite(m):
+        return ""
+    ci = "n/a" if not (math.isfinite(lo) and math.isfinite(hi)) else f"{lo:.{digits}f}, {hi:.{digits}f}"
+    return f"{m:.{digits}f} [{ci}]" if ci != "n/a" else f"{m:.{digits}f} [n/a]"
+
+
+def ci_markdown(cells: pd.DataFrame) -> pd.DataFrame:
+    """summary_by_cell as text columns '<mean> [<lo>, <hi>]' (for the .md file)."""
+    out = cells[[*CELL, "n_seeds"]].copy()
+    for name in CELL_STATS.values():
+        out[name] = [fmt_ci(*r) for r in cells[[f"{name}_mean", f"{name}_lo", f"{name}_hi"]].to_numpy()]
+    return out
+
+
+def contrasts_markdown(con: pd.DataFrame) -> pd.DataFrame:
+    """contrasts with mean and CI as one text column."""
+    out = con[["contrast", *CELL, "stat", "n_pairs"]].copy()
+    out["difference"] = [fmt_ci(*r) for r in con[["mean", "lo", "hi"]].to_numpy()]
+    return out

@@ -1,0 +1,107 @@
+"""Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI.
+
+Flat true accuracy p with independent binomial evals must be flagged as a cliff in <= 5% of runs for
+p in {0.3, 0.5, 0.8}, n in {32, 200, 1412} and K in {5, 51} evals; a real 12-point drop over the last 3
+evals at n = 200 must be flagged in >= 80%. The old rule (peak - terminal >= max(0.05, 2 SE)) is simulated
+beside it to show the test can tell them apart (it over-fires at n = 200, K = 51).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from marlflow.analysis.stats import curve_tests
+from marlflow.metrics import rows, write_metrics
+
+RUNS = 10_000
+
+
+def simulate(p: np.ndarray, n: int, rng: np.random.Generator):
+    """Eval accuracies of R runs (p: (R, K) true accuracy), with the two half-set accuracies."""
+    na, nb = n // 2, n - n // 2
+    a = rng.binomial(na, p) / na
+    b = rng.binomial(nb, p) / nb
+    return (na * a + nb * b) / n, a, b, na, nb
+
+
+@pytest.mark.parametrize("n", [32, 200, 1412])
+@pytest.mark.parametrize("k", [5, 51])
+def test_flat_accuracy_is_rarely_a_cliff(n, k):
+    rng = np.random.default_rng(1000 * n + k)
+    for p in (0.3, 0.5, 0.8):
+        acc, a, b, na, nb = simulate(np.full((RUNS, k), p), n, rng)
+        r = curve_tests(acc, n, a, b, na, nb)
+        assert r["cliff"].mean() <= 0.05, (p, n, k, r["cliff"].mean())
+        assert r["collapse"].mean() <= 0.05, (p, n, k)
+        # the cross-fitted peak is unbiased for a flat curve; the max over K evals is not
+        assert abs(r["peak_confirmed"].mean() - p) < 0.01
+    if n == 200 and k == 51:
+        old = acc.max(1) - acc[:, -1] >= np.maximum(0.05, 2 * np.sqrt(acc.max(1) * (1 - acc.max(1)) / n))
+        assert old.mean() > 0.3  # the rule this replaces: about 60% false cliffs here
+
+
+@pytest.mark.parametrize("k", [5, 51])
+def test_a_late_12_point_drop_is_found(k):
+    rng = np.random.default_rng(7 + k)
+    for p in (0.3, 0.5, 0.8):
+        truth = np.full((RUNS, k), p)
+        truth[:, -3:] -= 0.12
+        acc, a, b, na, nb = simulate(truth, 200, rng)
+        assert curve_tests(acc, 200, a, b, na, nb)["cliff"].mean() >= 0.80, (p, k)
+
+
+def test_one_eval_and_no_base():
+    r = curve_tests([[0.5]], 200)
+    assert not r["cliff"][0] and not r["collapse"][0] and not r["stagnation"][0]
+    r = curve_tests([[0.9, 0.5, 0.5, 0.5]], 200, has_base=False)
+    assert r["cliff"][0] and not r["collapse"][0] and np.isnan(r["gain"][0])
+
+
+def _factors(rid: str) -> dict:
+    workflow, sharing, scale, task, seed = rid.split("-")
+    return dict(run_id=rid, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
+                intervention="none")  # fmt: skip
+
+
+def _write(path, truths: np.ndarray, n: int, prefix: str, rng) -> list[str]:
+    acc, a, b, na, nb = simulate(truths, n, rng)
+    recs, ids = [], []
+    for i in range(len(truths)):
+        rid = f"voting-ip-toy-math-s{i}" if prefix == "flat" else f"eval_opt-sp-toy-code-s{i}"
+        ids.append(rid)
+        for k in range(truths.shape[1]):
+            vals = {"accuracy": acc[i, k], "n_eval": n, "accuracy_a": a[i, k], "accuracy_b": b[i, k],
+                    "n_eval_a": na, "n_eval_b": nb}  # fmt: skip
+            recs += rows(_factors(rid), 10 * k, "eval", "all", vals)
+    write_metrics(pd.DataFrame(recs), path)
+    return ids
+
+
+def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
+    """The real CLI (`python -m marlflow.aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
+    runs with a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 80% of the drops
+    are."""
+    rng = np.random.default_rng(3)
+    p = np.repeat([0.3, 0.5, 0.8], 300)[:, None] * np.ones((1, 5))
+    flat = _write(tmp_path / "flat" / "metrics.parquet", p, 200, "flat", rng)
+    truth = np.full((100, 5), 0.6)
+    truth[:, -3:] -= 0.12
+    drops = _write(tmp_path / "drop" / "metrics.parquet", truth, 200, "drop", rng)
+    out = tmp_path / "tables"
+    cmd = [sys.executable, "-m", "marlflow.aggregate", "--runs", str(tmp_path / "flat" / "metrics.parquet"),
+           str(tmp_path / "drop" / "metrics.parquet"), "--out", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    f = pd.read_csv(out / "failures.csv").set_index("run_id")
+    assert f.loc[flat, "cliff"].mean() <= 0.05
+    assert f.loc[drops, "cliff"].mean() >= 0.80
+    cells = pd.read_csv(out / "summary_by_cell.csv")
+    assert set(cells["n_seeds"]) == {900, 100}
+    row = cells[cells["workflow"] == "eval_opt"].iloc[0]
+    assert row["cliff_rate_lo"] <= row["cliff_rate_mean"] <= row["cliff_rate_hi"]
+    assert (out / "claims.csv").is_file()

@@ -1,4 +1,6 @@
-"""GRPO math on toy tensors: grouping invariant, advantages, role loss weights, gradient shares."""
+"""GRPO math on toy tensors: grouping invariant, advantages, role loss weights, gradient metrics."""
+
+import math
 
 import pytest
 import torch
@@ -66,3 +68,138 @@ def test_role_weights_reproduce_full_batch_loss():
 def test_grad_shares():
     assert algos.grad_shares({"a": 3.0, "b": 1.0}) == {"a": 0.75, "b": 0.25}
     assert algos.grad_shares({"a": 0.0}) == {"a": 0.0}
+
+
+# ---------------------------------------------------------------- the grouping invariant, one violation each
+
+G = 3
+
+
+def voting_step():
+    """A valid voting step for two problems x G rollouts: generator0, generator1, aggregator0 per episode."""
+    rec = []
+    for p in ("p1", "p2"):
+        for r in range(G):
+            for slot in ("generator0", "generator1", "aggregator0"):
+                prompt = [1, 2, 3] if slot != "aggregator0" else [9, r]  # aggregator prompts differ: fine
+                rec.append(dict(problem=p, slot=slot, role=slot.rstrip("0123456789"), task="toy_math", rollout=r,
+                                prompt=prompt))  # fmt: skip
+    return rec
+
+
+def check(rec, **over):
+    index, _ = algos.group_ids([(c["problem"], c["slot"]) for c in rec])
+    kw = dict(slots=[c["slot"] for c in rec], rollouts=[c["rollout"] for c in rec],
+              prompt_ids=[c["prompt"] for c in rec], group_size=G, workflow="voting")  # fmt: skip
+    kw.update(over)
+    algos.check_groups(
+        index, [c["problem"] for c in rec], [c["role"] for c in rec], [c["task"] for c in rec], **kw
+    )
+
+
+def test_valid_step_passes():
+    check(voting_step())
+
+
+def test_group_missing_a_rollout_fails():
+    rec = [
+        c
+        for c in voting_step()
+        if not (c["problem"] == "p1" and c["slot"] == "generator1" and c["rollout"] == 2)
+    ]
+    with pytest.raises(algos.GroupingError, match="holds 2 calls.*exactly G=3"):
+        check(rec)
+
+
+def test_group_with_a_rollout_twice_fails():
+    rec = voting_step()
+    rec[3]["rollout"] = 0  # p1 rollout 1 claims to be rollout 0
+    with pytest.raises(algos.GroupingError, match="more than once"):
+        check(rec)
+
+
+def test_first_stage_prompts_that_differ_fail():
+    rec = voting_step()
+    rec[3]["prompt"] = [1, 2, 4]  # p1 rollout 1's generator0 saw another prompt
+    with pytest.raises(algos.GroupingError, match="first-stage prompts differ"):
+        check(rec)
+
+
+def test_group_mixing_problems_fails():
+    rec = voting_step()
+    index = algos.group_ids([(c["problem"], c["slot"]) for c in rec])[0]
+    problems = [c["problem"] for c in rec]
+    problems[0] = "p9"  # same key, another problem uid: a uid collision
+    with pytest.raises(algos.GroupingError, match="mixes"):
+        algos.check_groups(index, problems, [c["role"] for c in rec], [c["task"] for c in rec])
+
+
+def test_group_mixing_roles_fails():
+    rec = voting_step()
+    rec[0]["role"] = "aggregator"
+    with pytest.raises(algos.GroupingError, match="mixes"):
+        check(rec)
+
+
+def test_group_mixing_tasks_fails():
+    rec = voting_step()
+    rec[0]["task"] = "toy_code"
+    with pytest.raises(algos.GroupingError, match="mixes"):
+        check(rec)
+
+
+def test_optional_slots_may_hold_fewer_than_g():
+    """Eval-Opt's second round exists only in episodes judged Incorrect: its group may be smaller."""
+    rec = []
+    for r in range(G):
+        for slot in ("generator0", "evaluator0") + (("generator1", "evaluator1") if r < 2 else ()):
+            rec.append(dict(problem="p", slot=slot, role=slot[:-1], task="t", rollout=r, prompt=[r] if slot[-1] == "1" else [0]))  # fmt: skip
+    check(rec, workflow="eval_opt")
+    with pytest.raises(algos.GroupingError, match="exactly G"):
+        check([c for c in rec if not (c["slot"] == "evaluator0" and c["rollout"] == 0)], workflow="eval_opt")
+
+
+# ---------------------------------------------------------------- gradient metrics
+
+
+def test_amplification_identical_and_orthogonal():
+    g = torch.tensor([1.0, -2.0, 0.5])
+    assert algos.slot_amplification([g, g.clone(), g.clone()]) == pytest.approx(math.sqrt(3))
+    assert algos.mean_pairwise_cosine([g, g.clone(), g.clone()]) == pytest.approx(1.0)
+    e = torch.eye(3)
+    assert algos.slot_amplification(list(e)) == pytest.approx(1.0)
+    assert algos.mean_pairwise_cosine(list(e)) == pytest.approx(0.0)
+    assert algos.slot_amplification([g, -g]) == pytest.approx(0.0)  # full cancellation
+    assert math.isnan(algos.slot_amplification([g, torch.zeros(3)]))  # one non-zero slot: undefined
+
+
+def test_projection_shares_two_roles_analytic():
+    # g1 = (1, 0), g2 = (1, 1): g = (2, 1), |g|^2 = 5; <g1, g> = 2, <g2, g> = 3
+    s = algos.projection_shares(
+        {"generator": torch.tensor([1.0, 0.0]), "aggregator": torch.tensor([1.0, 1.0])}
+    )
+    assert s == {"generator": pytest.approx(0.4), "aggregator": pytest.approx(0.6)}
+    # opposing roles: g1 = (2, 0), g2 = (-1, 0): g = (1, 0); shares 2 and -1, still summing to 1
+    s = algos.projection_shares({"a": torch.tensor([2.0, 0.0]), "b": torch.tensor([-1.0, 0.0])})
+    assert s == {"a": pytest.approx(2.0), "b": pytest.approx(-1.0)}
+    assert algos.cosine(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])) == pytest.approx(math.sqrt(0.5))
+
+
+def test_single_role_grad_norm_same_under_sp_and_ip():
+    """One role alone in its policy (single under SP, any role under IP): f_r = 1 under every loss type, so
+    grad_norm = ||g_r||; with a second role in the policy (SP) the own-loss norm undoes the n_r/n share."""
+    for lt in ("grpo", "dr_grpo", "bnpo", "dapo"):
+        assert algos.own_scale(lt, 16, 16, 300, 300) == 1.0
+    g_own = torch.tensor([3.0, 4.0])  # gradient of the role's own mean loss
+    sp_contrib = g_own * algos.role_loss_weight("grpo", 8, 32, 0, 0)  # its weighted part of the SP loss
+    assert (sp_contrib.norm() / algos.own_scale("grpo", 8, 32, 0, 0)).item() == pytest.approx(5.0)
+
+
+def test_clip_coef_and_ema():
+    assert algos.clip_coef(0.5, 1.0) == 1.0 and algos.clip_coef(4.0, 1.0) == pytest.approx(0.25, rel=1e-5)
+    ema, cos = algos.ema_update(None, torch.tensor([1.0, 0.0]), 4)
+    assert math.isnan(cos) and torch.equal(ema, torch.tensor([1.0, 0.0]))
+    ema, cos = algos.ema_update(ema, torch.tensor([0.0, 1.0]), 4)
+    assert cos == pytest.approx(0.0) and torch.allclose(ema, torch.tensor([0.75, 0.25]))
+    same, cos = algos.ema_update(ema, torch.zeros(2), 4)
+    assert same is ema and math.isnan(cos)

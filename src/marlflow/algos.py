@@ -1,13 +1,20 @@
-"""GRPO math as pure functions on tensors: grouping, advantages, role loss weights, gradient shares.
+"""GRPO math as pure functions on tensors: grouping, advantages, role loss weights, gradient metrics.
 
-Shapes: N = role calls in a step (all episodes, all slots); G = rollouts per problem.
-A GRPO group is one (problem, slot) pair across the G rollouts of that problem: slot generator1 of
-problem p is compared only with slot generator1 of p in the other rollouts (DESIGN.md "Workflows and
-credit"). `check_groups` enforces that no group mixes problems, roles or tasks.
+Shapes: N = role calls in a step (all episodes, all slots); G = rollouts per problem; D = parameters of one
+policy (flattened). A GRPO group is one (problem, slot) pair across the G rollouts of that problem: slot
+generator1 of problem p is compared only with slot generator1 of p in the other rollouts (DESIGN.md
+"Workflows and credit"). `check_groups` enforces the invariant: every group holds one call per rollout
+(exactly G for slots every episode has), identical prompt token ids for first-stage slots, and never mixes
+problems, roles or tasks.
+
+Gradient metrics (one meaning under SP and IP; definitions in marlflow.analysis.definitions):
+projection_shares, cosine, slot_amplification, mean_pairwise_cosine, clip_coef, ema_update.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 
 import torch
@@ -25,19 +32,84 @@ def group_ids(keys: Sequence[tuple]) -> tuple[torch.Tensor, list[tuple]]:
     return torch.tensor(index, dtype=torch.long), list(seen)
 
 
+# workflow -> slots whose prompt depends only on the problem (identical across the G rollouts)
+FIRST_STAGE = {
+    "single": re.compile(r"generator0"),
+    "eval_opt": re.compile(r"generator0"),
+    "voting": re.compile(r"generator\d+"),
+    "orch_workers": re.compile(r"orchestrator0"),
+}
+# workflow -> slots every episode has (so their groups hold exactly G calls); other slots (Eval-Opt's later
+# rounds, Orch-Workers' workers beyond the first) exist only in the episodes that reach them.
+MANDATORY = {
+    "single": re.compile(r"generator0"),
+    "eval_opt": re.compile(r"generator0|evaluator0"),
+    "voting": re.compile(r"generator\d+|aggregator0"),
+    "orch_workers": re.compile(r"orchestrator0|worker0|synthesizer0"),
+}
+
+
 def check_groups(
-    index: torch.Tensor, problems: Sequence[str], roles: Sequence[str], tasks: Sequence[str]
+    index: torch.Tensor,
+    problems: Sequence[str],
+    roles: Sequence[str],
+    tasks: Sequence[str],
+    *,
+    slots: Sequence[str] | None = None,
+    rollouts: Sequence[int] | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    group_size: int | None = None,
+    workflow: str | None = None,
 ) -> None:
-    """Raise GroupingError if any group holds more than one problem uid, role type or task."""
-    members: dict[int, tuple[str, str, str]] = {}
+    """Raise GroupingError unless every GRPO group is one problem, one role and one task, and (when the
+    keyword arguments are given) holds at most one call per rollout in 0..G-1, exactly G for the workflow's
+    mandatory slots, and identical prompt token ids for its first-stage slots.
+
+    index: (N,) long group ids; problems, roles, tasks, slots: N strings; rollouts: N ints; prompt_ids: N
+    token id lists; group_size: G; workflow: a key of FIRST_STAGE / MANDATORY.
+    """
+    members: dict[int, list[int]] = {}
     for i, g in enumerate(index.tolist()):
-        item = (problems[i], roles[i], tasks[i])
-        first = members.setdefault(g, item)
-        if first != item:
+        members.setdefault(g, []).append(i)
+    for g, idx in members.items():
+        first = (problems[idx[0]], roles[idx[0]], tasks[idx[0]])
+        for i in idx[1:]:
+            item = (problems[i], roles[i], tasks[i])
+            if item != first:
+                raise GroupingError(
+                    f"GRPO group {g} mixes (problem, role, task) {first} with {item}; "
+                    "a group must be one problem and one role-call slot across the G rollouts"
+                )
+        if slots is not None and len({slots[i] for i in idx}) > 1:
+            raise GroupingError(f"GRPO group {g} mixes slots {sorted({slots[i] for i in idx})}")
+        slot = slots[idx[0]] if slots is not None else "?"
+        if rollouts is not None:
+            seen = [rollouts[i] for i in idx]
+            if len(set(seen)) != len(seen):
+                raise GroupingError(
+                    f"GRPO group {g} ({first[0]}, {slot}) holds rollout(s) "
+                    f"{sorted({r for r in seen if seen.count(r) > 1})} more than once; one call per rollout"
+                )
+            if group_size is not None and any(not 0 <= r < group_size for r in seen):
+                raise GroupingError(
+                    f"GRPO group {g} ({first[0]}, {slot}) has rollout ids {seen} outside 0..G-1"
+                )
+        mandatory = workflow in MANDATORY and slots is not None and MANDATORY[workflow].fullmatch(slot)
+        if group_size is not None and mandatory and len(idx) != group_size:
             raise GroupingError(
-                f"GRPO group {g} mixes (problem, role, task) {first} with {item}; "
-                "a group must be one problem and one role-call slot across the G rollouts"
+                f"GRPO group {g} ({first[0]}, {slot}) holds {len(idx)} calls; every episode has slot "
+                f"{slot}, so it must hold exactly G={group_size}, one per rollout"
             )
+        first_stage = workflow in FIRST_STAGE and slots is not None and FIRST_STAGE[workflow].fullmatch(slot)
+        if prompt_ids is not None and first_stage:
+            ref = list(prompt_ids[idx[0]])
+            for i in idx[1:]:
+                if list(prompt_ids[i]) != ref:
+                    raise GroupingError(
+                        f"GRPO group {g} ({first[0]}, {slot}): first-stage prompts differ between "
+                        f"rollouts {rollouts[idx[0]] if rollouts else idx[0]} and "
+                        f"{rollouts[i] if rollouts else i}; they must be the same token ids"
+                    )
 
 
 def group_advantages(
@@ -83,3 +155,70 @@ def grad_shares(norms: dict[str, float]) -> dict[str, float]:
     """Each role's share of the step's gradient mass: ||g_r|| / sum_r' ||g_r'|| (0 if all are 0)."""
     total = sum(norms.values())
     return {r: (v / total if total > 0 else 0.0) for r, v in norms.items()}
+
+
+# ---------------------------------------------------------------- gradient metrics (flat gradients, (D,))
+
+
+def own_scale(loss_type: str, n_role: int, n_policy: int, tok_role: int, tok_policy: int) -> float:
+    """f_r: the role's share of its policy's loss normaliser (calls for grpo / dr_grpo, completion tokens for
+    bnpo / dapo). ||g_r|| / f_r is the gradient norm of the role's own mean loss, whatever else shares the
+    policy, so it means the same under SP and IP (under IP, or for a single-role policy, f_r = 1)."""
+    if loss_type in ("grpo", "dr_grpo"):
+        return n_role / n_policy if n_policy else 0.0
+    if loss_type in ("bnpo", "dapo"):
+        return tok_role / tok_policy if tok_policy else 0.0
+    raise ValueError(f"no role normaliser defined for loss_type {loss_type!r}")
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine of two (D,) vectors; NaN if either is zero."""
+    na, nb = a.norm().item(), b.norm().item()
+    if na == 0 or nb == 0:
+        return math.nan
+    return float(torch.dot(a, b).item() / (na * nb))
+
+
+def projection_shares(grads: dict[str, torch.Tensor]) -> dict[str, float]:
+    """<g_r, g> / ||g||^2 per role, g = sum of the (D,) role gradients of one policy. Sums to 1 (up to
+    float error); a role pulling against the others gets a negative share. All NaN if g = 0."""
+    total = torch.stack(list(grads.values())).sum(0)
+    sq = torch.dot(total, total).item()
+    return {r: (torch.dot(g, total).item() / sq if sq > 0 else math.nan) for r, g in grads.items()}
+
+
+def slot_amplification(grads: Sequence[torch.Tensor]) -> float:
+    """||sum_i g_i|| / sqrt(sum_i ||g_i||^2) over the non-zero (D,) slot gradients of one role: 1 when they
+    are orthogonal, sqrt(m) when m are identical, < 1 when they cancel. NaN with fewer than 2 non-zero."""
+    nz = [g for g in grads if g.norm().item() > 0]
+    if len(nz) < 2:
+        return math.nan
+    stack = torch.stack(nz)
+    return float(stack.sum(0).norm().item() / math.sqrt(float((stack * stack).sum().item())))
+
+
+def mean_pairwise_cosine(grads: Sequence[torch.Tensor]) -> float:
+    """Mean cosine over pairs of the non-zero (D,) slot gradients; NaN with fewer than 2."""
+    nz = [g for g in grads if g.norm().item() > 0]
+    if len(nz) < 2:
+        return math.nan
+    u = torch.stack([g / g.norm() for g in nz])
+    c = u @ u.T
+    m = len(nz)
+    return float((c.sum().item() - c.diagonal().sum().item()) / (m * (m - 1)))
+
+
+def clip_coef(total_norm: float, max_norm: float) -> float:
+    """The factor torch.nn.utils.clip_grad_norm_ multiplies the gradient by: min(1, max / (norm + 1e-6))."""
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+def ema_update(ema: torch.Tensor | None, g: torch.Tensor, window: int) -> tuple[torch.Tensor | None, float]:
+    """(new EMA, cosine of g with the previous EMA). ema, g: (D,). Weight 1/window per step; a zero g leaves
+    the EMA unchanged (cosine NaN); the first non-zero g starts it (cosine NaN)."""
+    if g.norm().item() == 0:
+        return ema, math.nan
+    if ema is None:
+        return g.detach().clone(), math.nan
+    cos = cosine(g, ema)
+    return ema + (g.detach() - ema) / window, cos

@@ -24,6 +24,7 @@ import ast
 import builtins
 import math
 import operator
+import warnings
 
 from marlflow.sandbox._result import to_wire
 
@@ -50,7 +51,8 @@ class NotConvertible(Exception):
 
 
 def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
-    """Value of a constant expression, or NotConvertible. Bounded: no huge powers or repetitions."""
+    """Value of a constant expression, or NotConvertible. Bounded: no huge powers or repetitions.
+    `env` may hold "__shadowed__": names the program defines, never evaluated here as builtins."""
     if isinstance(node, ast.Constant) and not isinstance(node.value, type(...)):
         return node.value
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
@@ -104,7 +106,7 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
 
 
 def const_func(node, env, modules):
-    if isinstance(node, ast.Name) and node.id in CONST_FUNCS and node.id not in env:
+    if isinstance(node, ast.Name) and node.id in CONST_FUNCS and node.id not in env and node.id not in env.get("__shadowed__", ()):
         return CONST_FUNCS[node.id]
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
         if node.value.id == "math" and callable(MATH.get(node.attr)):
@@ -117,8 +119,9 @@ def _no():
 
 
 class _Ctx:
-    def __init__(self, env, modules, refs, rename, only):
+    def __init__(self, env, modules, refs, rename, only, defined=frozenset()):
         self.env, self.modules, self.refs, self.rename, self.only = env, modules, refs, rename, only
+        self.defined = defined
 
     def is_candidate(self, name: str) -> bool:
         if name in self.rename:
@@ -130,7 +133,19 @@ class _Ctx:
     def arg(self, node):
         if isinstance(node, ast.Name) and node.id in self.refs:
             return {"t": "ref", "v": node.id}
-        return to_wire(const(node, self.env, self.modules))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and self.is_candidate(node.func.id):
+            if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+                _no()
+            # An argument built by the program's own class (MBPP's Pair(5, 24)): built in the sandbox.
+            return {"t": "new", "v": [self.rename.get(node.func.id, node.func.id), [self.arg(a) for a in node.args]]}
+        try:
+            return to_wire(const(node, self.env, self.modules))
+        except NotConvertible:
+            if isinstance(node, ast.List):
+                return [self.arg(e) for e in node.elts]
+            if isinstance(node, ast.Tuple):
+                return {"t": "tuple", "v": [self.arg(e) for e in node.elts]}
+            raise
 
     def chain(self, node):
         """(call, wrappers) for W(W(f(args))), or None."""
@@ -147,14 +162,23 @@ class _Ctx:
                     return None
                 return call, wrappers[::-1]
             if name in WRAPPERS and name not in self.env and node.args:
+                # Wrappers run here with the real builtin, even if the program defines one of that name...
+                inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined).chain(node.args[0])
+                if inner is not None:
+                    try:
+                        extra = [const(a, self.env, self.modules) for a in node.args[1:]]
+                        kw = {k.arg: const(k.value, self.env, self.modules) for k in node.keywords if k.arg or _no()}
+                    except NotConvertible:
+                        return None
+                    return inner[0], inner[1] + [[name, extra, kw]] + wrappers[::-1]
+            if name in self.defined and self.only is None:
+                # ...but a call of the program's own `sum(10, 15)` is a call of the program.
                 try:
-                    extra = [const(a, self.env, self.modules) for a in node.args[1:]]
-                    kw = {k.arg: const(k.value, self.env, self.modules) for k in node.keywords if k.arg or _no()}
-                except NotConvertible:
+                    call = (name, [self.arg(a) for a in node.args],
+                            {"t": "dict", "v": [[k.arg, self.arg(k.value)] for k in node.keywords if k.arg or _no()]})  # fmt: skip
+                except (NotConvertible, TypeError, ValueError):
                     return None
-                wrappers.append([name, extra, kw])
-                node = node.args[0]
-                continue
+                return call, wrappers[::-1]
             return None
         return None
 
@@ -215,14 +239,16 @@ def _check_for(test: ast.AST, ctx: _Ctx):
     return None
 
 
-def convert(tests: str, entry_point: str | None = None):
+def convert(tests: str, entry_point: str | None = None, code: str | None = None):
     """{"setup", "calls", "checks"} for tests in a convertible shape, else None. `entry_point`: only this
     function (and `candidate` under check) is the program's; other names called are not trusted to it."""
     try:
-        tree = ast.parse(tests)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(tests)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    env: dict = {}
+    env: dict = {"__shadowed__": _defined(code)}
     modules: set[str] = {"math"}  # tests ran in the program's globals, where `math` was usually imported
     checks_defs: dict[str, ast.FunctionDef] = {}
     body = list(tree.body)
@@ -268,7 +294,7 @@ def convert(tests: str, entry_point: str | None = None):
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
                     target = s.value.args[0].id
                     inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target},
-                                 None if only is None else only | {target})  # fmt: skip
+                                 None if only is None else only | {target}, ctx.defined)  # fmt: skip
                     run(f.body, inner)
                     continue
             if isinstance(s, ast.Assert):
@@ -286,7 +312,7 @@ def convert(tests: str, entry_point: str | None = None):
             raise NotConvertible(type(s).__name__)
 
     try:
-        run(body, _Ctx(env, modules, refs, {}, only))
+        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"]))
     except (NotConvertible, RecursionError, TypeError, ValueError):
         return None
     if checks_defs and not calls and not checks:
@@ -299,3 +325,17 @@ def count_asserts(tests: str) -> int:
         return sum(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(tests)))
     except (SyntaxError, ValueError, RecursionError):
         return 0
+
+
+def _defined(code: str | None) -> frozenset:
+    """Builtin names the program defines at top level (parsed, never run, here)."""
+    if not code:
+        return frozenset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. invalid escape sequences in the program's strings
+            tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    return frozenset(names & _BUILTIN_NAMES)

@@ -8,6 +8,7 @@ out is plain builtin data whose `==` the candidate did not write.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -73,6 +74,7 @@ def check_limits(timeout, memory_mb) -> tuple[float, int]:
 
 _TYPES = {t.__name__: t for t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, complex)}
 _TYPES["NoneType"] = type(None)
+_DICTS = (collections.Counter, collections.defaultdict, collections.OrderedDict)
 _ITERS = tuple(
     {type(x) for x in (iter([]), iter(()), iter(""), iter(range(0)), iter({}), (i for i in ()),
                        map(int, ()), filter(None, ()), zip(), enumerate(()), reversed([]))}
@@ -91,8 +93,9 @@ def to_wire(v, depth: int = 0):
         return [to_wire(x, d) for x in v]
     if t is tuple or t is set or t is frozenset:
         return {"t": t.__name__, "v": [to_wire(x, d) for x in v]}
-    if t is dict:
-        return {"t": "dict", "v": [[to_wire(k, d), to_wire(x, d)] for k, x in v.items()]}
+    if t is dict or t in _DICTS:
+        # collections' dict types go as plain dicts: their contents, read with dict's own methods.
+        return {"t": "dict", "v": [[to_wire(k, d), to_wire(x, d)] for k, x in dict.items(v)]}
     if t is bytes or t is bytearray:
         return {"t": t.__name__, "v": v.hex()}
     if t is complex:
@@ -139,6 +142,8 @@ def from_wire(x, depth: int = 0, refs: dict | None = None):
         return _TYPES[v]
     if tag == "ref" and refs is not None and type(v) is str and v in refs:
         return refs[v]
+    if tag == "new" and refs is not None and type(v) is list and len(v) == 2 and v[0] in refs:
+        return refs[v[0]](*from_wire(v[1], d, refs))  # an argument the program's own class builds
     raise ValueError(f"malformed value with tag {str(tag)[:40]!r}")
 
 

@@ -100,7 +100,7 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
         except (ValueError, TypeError, KeyError) as e:
             p.error = SandboxResult("crashed", False, detail=f"bad call tests: {e}")
         return p
-    conv = convert(tests, d.get("entry_point"))
+    conv = convert(tests, d.get("entry_point"), d["code"])
     if conv is not None:
         setup = "\n".join(x for x in (d.get("setup") or "", conv["setup"]) if x)
         head.update(calls=conv["calls"], setup=setup)

@@ -177,3 +177,153 @@ def test_command_line(tmp_path):
            "--stdin", str(tmp_path / "in.txt"), "--expect", str(tmp_path / "out.txt")]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert json.loads(out.stdout)["passed"] is True
+
+
+# ------------------------------------------------------------------ verdicts the program cannot forge
+
+
+def test_honest_controls_of_the_forgery_shapes_pass():
+    """The shapes the hostile corpus attacks pass for honest programs (so the defences are not just 'fail')."""
+    jobs = [
+        (
+            "def solve(x):\n    return x * x\n",
+            "assert abs(solve(2.0) - 4.0) < 1e-6\nassert round(solve(1.0), 2) == 1.0",
+        ),
+        (
+            "def solve2():\n    return [2, 1, 2]\n",
+            "assert set(solve2()) == set([1, 2])\nassert sorted(solve2()) == [1, 2, 2]",
+        ),
+        (
+            "def solve(i):\n    return 10 * i\n",
+            "for i in range(3):\n    assert solve(i) == i * 10",
+        ),  # judge fallback
+        (
+            "import math\ndef f(x):\n    return math.sqrt(x)\n",
+            "assert math.isclose(f(2), 1.41421356, rel_tol=1e-6)",
+        ),
+        (
+            "def f(xs):\n    return (x for x in xs)\n",
+            "assert list(f([1, 2])) == [1, 2]",
+        ),  # generators are drained
+        (
+            "from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+            "assert f('aab') == {'a': 2, 'b': 1}",
+        ),
+        ("def sum(a, b):\n    return a - b\n", "assert sum(10, 4) == 6"),  # the program's own `sum`
+    ]
+    rs = verify_many(jobs, cache=False)
+    assert [r.status for r in rs] == ["passed"] * len(jobs), [r.detail for r in rs]
+
+
+def test_strict_encoding_rejects_subclasses_and_keeps_types():
+    from marlflow.sandbox._result import from_wire, to_wire
+
+    for v in [1, 1.5, "s", None, True, (1, [2, {3: (4,)}]), {1, 2}, frozenset({3}), b"x", 2j, range(3), int]:
+        assert from_wire(json.loads(json.dumps(to_wire(v)))) == v
+        assert type(from_wire(to_wire(v))) is type(v)
+
+    class Int(int):
+        pass
+
+    for bad in (Int(3), [Int(1)], object(), type("T", (list,), {})()):
+        with pytest.raises(TypeError):
+            to_wire(bad)
+    for forged in ({"t": "ref", "v": "x"}, {"t": "weird", "v": 1}, {"a": 1}, {"t": "tuple", "v": 1}):
+        with pytest.raises(ValueError):
+            from_wire(forged)
+
+
+def test_expected_values_never_reach_the_worker():
+    from marlflow.sandbox._verdict import prepare
+
+    p = prepare(("def f(x):\n    return x\n", "assert f(12345) == 67890\nassert f('a') == 'zz-expected'"))
+    sent = json.dumps([p.head, p.part])
+    assert "12345" in sent and "67890" not in sent and "zz-expected" not in sent
+    p = prepare(("print(1)", "", "in", "the-expected-out"))
+    assert "the-expected-out" not in json.dumps([p.head, p.part])
+
+
+def test_stdio_output_is_compared_whole_up_to_the_limit():
+    big = "".join(f"{i} {i * i}\n" for i in range(17000))  # ~170 KB
+    prog = "for i in range(17000):\n    print(i, i * i)\n"
+    r = verify(prog, "", "", big, cache=False)
+    assert len(big) > 160_000 and r.passed, r.detail
+    assert len(r.stdout) == sandbox.OUTPUT_CAP  # shown capped, judged whole
+    r = verify(prog + "print('garbage')\n", "", "", big, cache=False)
+    assert r.status == "failed" and r.detail == "wrong output"
+    r = verify("import sys\nsys.stdout.write('1\\n' * (3 << 20))\n", "", "", "1\n", cache=False)
+    assert r.status == "output_limit" and not r.passed
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"timeout": float("nan")}, {"timeout": float("inf")}, {"timeout": 0}, {"timeout": -1}, {"timeout": "abc"},
+     {"timeout": 601}, {"memory_mb": -1}, {"memory_mb": 0}, {"memory_mb": 1.5}, {"memory_mb": "1024"}],
+)  # fmt: skip
+def test_limits_are_validated_and_a_bad_job_never_wedges_the_pool(kw):
+    job = dict({"code": SQUARE, "tests": "assert square(2) == 4"}, **kw)
+    with pytest.raises(ValueError, match="timeout|memory_mb"):
+        verify_many([job], cache=False)
+    assert verify_many([(SQUARE, "assert square(2) == 4")], cache=False)[0].passed
+    with SandboxPool(1) as pool:
+        with pytest.raises(ValueError):
+            pool.run(job)
+        assert pool.run((SQUARE, "assert square(2) == 4")).passed
+
+
+def _cli(tmp_path, *args):
+    cmd = [sys.executable, "-m", "marlflow.sandbox", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+def test_command_line_bad_arguments_give_one_json_line(tmp_path):
+    (tmp_path / "sol.py").write_text(SQUARE)
+    (tmp_path / "t.py").write_text("assert square(2) == 4\n")
+    (tmp_path / "latin1.py").write_bytes(b"x = '\xe9'\n")
+    (tmp_path / "adir").mkdir()
+    cases = [
+        ["--code", "sol.py", "--tests", "t.py", "--timeout", "nan"],
+        ["--code", "sol.py", "--tests", "t.py", "--timeout", "inf"],
+        ["--code", "sol.py", "--tests", "t.py", "--memory-mb", "-1"],
+        ["--code", "missing.py", "--tests", "t.py"],
+        ["--code", "latin1.py", "--tests", "t.py"],
+        ["--code", "adir", "--tests", "t.py"],
+        ["--code", "sol.py"],
+        ["--tests", "t.py"],
+    ]
+    for args in cases:
+        out = _cli(tmp_path, *args)
+        assert out.returncode == 2, (args, out)
+        assert "Traceback" not in out.stderr + out.stdout, (args, out.stderr)
+        lines = out.stdout.strip().splitlines()
+        assert len(lines) == 1 and json.loads(lines[0])["error"], (args, out.stdout)
+    (tmp_path / "add.py").write_text("print(sum(map(int, input().split())))\n")
+    (tmp_path / "in.txt").write_text("2 3\n")
+    (tmp_path / "out.txt").write_text("5\n")
+    out = _cli(tmp_path, "--code", "add.py", "--stdin", "in.txt", "--expect", "out.txt")  # no --tests
+    assert out.returncode == 0 and json.loads(out.stdout)["passed"] is True, out
+
+
+def test_no_landlock_is_said_once_loudly(capsys, monkeypatch):
+    from marlflow.sandbox import _pool
+
+    monkeypatch.setattr(_pool, "_WARNED", [])
+    _pool._warn_no_landlock({"landlock_abi": 0})
+    _pool._warn_no_landlock({"landlock_abi": 0})
+    err = capsys.readouterr().err
+    assert err.count("WARNING: this kernel has no Landlock") == 1
+    _pool._warn_no_landlock({"landlock_abi": 7})
+    assert capsys.readouterr().err == ""
+
+
+def test_assert_conversion_shapes():
+    from marlflow.sandbox import convert
+
+    c = convert("assert f(1) == 2\nassert not g('x')\nassert abs(h(1.5) - 2/3) < 1e-6\nassert k() is True\n")
+    assert [x[0] for x in c["calls"]] == ["f", "g", "h", "k"]
+    assert [ch["kind"] for ch in c["checks"]] == ["cmp", "falsy", "absdiff", "cmp"]
+    he = "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert True\n\ncheck(total)\n"
+    assert convert(he, "total")["calls"] == [("total", [[1, 2]], {"t": "dict", "v": []})]
+    assert convert("def check(candidate):\n    assert candidate(1) == helper(1)\ncheck(f)\n", "f") is None
+    assert convert("for i in range(3):\n    assert f(i) == i\n") is None  # -> the judge process
+    assert convert("x = [1]\nfor i in x:\n    pass\nassert f(1) == 1\n") is None

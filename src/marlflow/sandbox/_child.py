@@ -96,7 +96,9 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         if stdin_path:
             os.unlink(stdin_path)
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
-        stdout = sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace")
+        stdout = sys.stdout = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace"
+        )
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="replace")
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
@@ -197,7 +199,11 @@ def _call(ns: dict, fn: str, args, kwargs) -> bytes:
         return out
     except BaseException as e:  # noqa: BLE001 - an exception is the call's answer
         errno = getattr(e, "errno", None)
-        info = {"type": type(e).__name__, "msg": str(e)[:300], "errno": errno if isinstance(errno, int) else None}
+        info = {
+            "type": type(e).__name__,
+            "msg": str(e)[:300],
+            "errno": errno if isinstance(errno, int) else None,
+        }
         try:
             return json.dumps(["err", info]).encode()
         except BaseException:  # noqa: BLE001
@@ -283,7 +289,9 @@ def _proxy(name: str, req, resp):
         try:
             msg = json.dumps([name, to_wire(list(args)), to_wire(kwargs)], separators=(",", ":"))
         except (TypeError, ValueError) as e:
-            raise CandidateError({"type": "ArgumentError", "msg": f"cannot send arguments to {name}: {e}"}) from None
+            raise CandidateError(
+                {"type": "ArgumentError", "msg": f"cannot send arguments to {name}: {e}"}
+            ) from None
         try:
             req.write(msg.encode() + b"\n")
             line = resp.readline(RESULT_LIMIT + 64)

@@ -67,7 +67,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", help="file with Python test code (optional with --stdin/--expect)")
     ap.add_argument("--stdin", help="file fed to the program's stdin")
     ap.add_argument("--expect", help="file with the expected stdout (whitespace-insensitive)")
-    ap.add_argument("--timeout", type=_seconds, default=5.0, help=f"wall-clock seconds, 0 < t <= {MAX_TIMEOUT:g} (default 5)")
+    ap.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        help=f"wall-clock seconds, 0 < t <= {MAX_TIMEOUT:g} (default 5)",
+    )
     ap.add_argument("--memory-mb", type=_mib, default=1024, help="address-space limit in MiB (default 1024)")
     try:
         a = ap.parse_args(argv)

@@ -66,8 +66,10 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
         a, b = const(node.left, env, modules), const(node.right, env, modules)
         if isinstance(node.op, ast.Pow | ast.LShift) and isinstance(b, int) and abs(b) > 4096:
             _no()
-        if isinstance(node.op, ast.Mult) and any(isinstance(x, int) and x > 100_000 for x in (a, b)) and any(
-            isinstance(x, str | bytes | list | tuple) for x in (a, b)
+        if (
+            isinstance(node.op, ast.Mult)
+            and any(isinstance(x, int) and x > 100_000 for x in (a, b))
+            and any(isinstance(x, str | bytes | list | tuple) for x in (a, b))
         ):
             _no()
         try:
@@ -106,11 +108,21 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
 
 
 def const_func(node, env, modules):
-    if isinstance(node, ast.Name) and node.id in CONST_FUNCS and node.id not in env and node.id not in env.get("__shadowed__", ()):
+    if (
+        isinstance(node, ast.Name)
+        and node.id in CONST_FUNCS
+        and node.id not in env
+        and node.id not in env.get("__shadowed__", ())
+    ):
         return CONST_FUNCS[node.id]
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
-        if node.value.id == "math" and callable(MATH.get(node.attr)):
-            return MATH[node.attr]
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and node.value.id == "math"
+        and callable(MATH.get(node.attr))
+    ):
+        return MATH[node.attr]
     _no()
 
 
@@ -128,7 +140,12 @@ class _Ctx:
             return True
         if self.only is not None:
             return name in self.only
-        return name not in CONST_FUNCS and name not in self.env and name not in _BUILTIN_NAMES and name not in self.refs
+        return (
+            name not in CONST_FUNCS
+            and name not in self.env
+            and name not in _BUILTIN_NAMES
+            and name not in self.refs
+        )
 
     def arg(self, node):
         if isinstance(node, ast.Name) and node.id in self.refs:
@@ -137,7 +154,10 @@ class _Ctx:
             if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
                 _no()
             # An argument built by the program's own class (MBPP's Pair(5, 24)): built in the sandbox.
-            return {"t": "new", "v": [self.rename.get(node.func.id, node.func.id), [self.arg(a) for a in node.args]]}
+            return {
+                "t": "new",
+                "v": [self.rename.get(node.func.id, node.func.id), [self.arg(a) for a in node.args]],
+            }
         try:
             return to_wire(const(node, self.env, self.modules))
         except NotConvertible:
@@ -153,7 +173,9 @@ class _Ctx:
         while isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             name = node.func.id
             if self.is_candidate(name):
-                if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                if any(isinstance(a, ast.Starred) for a in node.args) or any(
+                    k.arg is None for k in node.keywords
+                ):
                     return None
                 try:
                     call = (self.rename.get(name, name), [self.arg(a) for a in node.args],
@@ -163,11 +185,17 @@ class _Ctx:
                 return call, wrappers[::-1]
             if name in WRAPPERS and name not in self.env and node.args:
                 # Wrappers run here with the real builtin, even if the program defines one of that name...
-                inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined).chain(node.args[0])
+                inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined).chain(
+                    node.args[0]
+                )
                 if inner is not None:
                     try:
                         extra = [const(a, self.env, self.modules) for a in node.args[1:]]
-                        kw = {k.arg: const(k.value, self.env, self.modules) for k in node.keywords if k.arg or _no()}
+                        kw = {
+                            k.arg: const(k.value, self.env, self.modules)
+                            for k in node.keywords
+                            if k.arg or _no()
+                        }
                     except NotConvertible:
                         return None
                     return inner[0], inner[1] + [[name, extra, kw]] + wrappers[::-1]
@@ -205,7 +233,7 @@ def _check_for(test: ast.AST, ctx: _Ctx):
         op = type(test.ops[0]).__name__
         left, right = test.left, test.comparators[0]
         # abs(CALL - C) < TOL
-        if op in ("Lt", "LtE") and isinstance(left, ast.Call) and isinstance(left.func, ast.Name):
+        if op in ("Lt", "LtE") and isinstance(left, ast.Call) and isinstance(left.func, ast.Name):  # noqa: SIM102
             if left.func.id == "abs" and "abs" not in ctx.env and len(left.args) == 1 and not left.keywords:
                 inner = left.args[0]
                 ok_t, tol = ctx.value(right)
@@ -213,7 +241,13 @@ def _check_for(test: ast.AST, ctx: _Ctx):
                     for a, b in ((inner.left, inner.right), (inner.right, inner.left)):
                         c, (ok_e, exp) = ctx.chain(a), ctx.value(b)
                         if c and ok_e:
-                            return c[0], {"kind": "absdiff", "wrappers": c[1], "expected": exp, "tol": tol, "op": op}
+                            return c[0], {
+                                "kind": "absdiff",
+                                "wrappers": c[1],
+                                "expected": exp,
+                                "tol": tol,
+                                "op": op,
+                            }
         for a, b, o in ((left, right, op), (right, left, _FLIP.get(op))):
             if o is None or o not in OPS:
                 continue
@@ -225,8 +259,12 @@ def _check_for(test: ast.AST, ctx: _Ctx):
                     continue
                 return c[0], {"kind": "cmp", "op": o, "wrappers": c[1], "expected": exp}
         return None
-    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "isclose":
-        if isinstance(test.func.value, ast.Name) and test.func.value.id in ctx.modules and len(test.args) == 2:
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "isclose":  # noqa: SIM102
+        if (
+            isinstance(test.func.value, ast.Name)
+            and test.func.value.id in ctx.modules
+            and len(test.args) == 2
+        ):
             try:
                 kw = {k.arg: const(k.value, ctx.env, ctx.modules) for k in test.keywords if k.arg or _no()}
             except NotConvertible:
@@ -260,7 +298,9 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
         for s in head:
             if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
                 const(s.value, env, modules)
-            elif not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) and not isinstance(s, ast.Import):
+            elif not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) and not isinstance(
+                s, ast.Import
+            ):
                 raise NotConvertible("setup")
     except NotConvertible:
         # Only plain statements may become setup (they run in the candidate process): no control flow,
@@ -272,7 +312,14 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
         setup, body = head, body[first:]
         if not any(isinstance(s, ast.Assert) for s in body):
             return None
-    refs = {t.id for s in setup for n in ast.walk(s) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    refs = {
+        t.id
+        for s in setup
+        for n in ast.walk(s)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     only = None if entry_point is None else {entry_point}
     calls, checks = [], []
 
@@ -286,10 +333,19 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
             if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
                 ctx.env[s.targets[0].id] = const(s.value, ctx.env, ctx.modules)
                 continue
-            if isinstance(s, ast.FunctionDef) and stmts is body and len(s.args.args) == 1 and not s.decorator_list:
+            if (
+                isinstance(s, ast.FunctionDef)
+                and stmts is body
+                and len(s.args.args) == 1
+                and not s.decorator_list
+            ):
                 checks_defs[s.name] = s
                 continue
-            if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and isinstance(s.value.func, ast.Name):
+            if (
+                isinstance(s, ast.Expr)
+                and isinstance(s.value, ast.Call)
+                and isinstance(s.value.func, ast.Name)
+            ):
                 f = checks_defs.get(s.value.func.id)
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
                     target = s.value.args[0].id

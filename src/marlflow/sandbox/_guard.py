@@ -119,9 +119,10 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
             writing = any(c in str(mode) for c in "wax+") or bool(flags & write_flags)
             if not inside(args[0], ok_write if writing else ok_read):
                 raise SandboxViolation(f"sandbox: cannot open {args[0]!r} ({'write' if writing else 'read'})")
-            if not isinstance(args[0], int) and (flags & path_flags or isdir(args[0])):
-                if not inside(args[0], (wd,)):  # a directory fd outside would anchor dir_fd= escapes
-                    raise SandboxViolation(f"sandbox: cannot open directory {args[0]!r}")
+            # A directory fd outside the working dir would anchor dir_fd= escapes the hook cannot see.
+            dir_open = not isinstance(args[0], int) and (flags & path_flags or isdir(args[0]))
+            if dir_open and not inside(args[0], (wd,)):
+                raise SandboxViolation(f"sandbox: cannot open directory {args[0]!r}")
         elif event == "os.chdir" and args:
             if isinstance(args[0], int) or not inside(args[0], (wd,)):
                 raise SandboxViolation(f"sandbox: cannot chdir to {args[0]!r}")

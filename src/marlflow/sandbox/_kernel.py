@@ -78,7 +78,9 @@ def _landlock(read_roots: list[str], rw_dir: str | None, rw_files: list[str]) ->
         return False
     try:
         rules = (
-            [(p, read_dir) for p in read_roots] + ([(rw_dir, fs_all & ~1)] if rw_dir else []) + [(p, file_rw) for p in rw_files]
+            [(p, read_dir) for p in read_roots]
+            + ([(rw_dir, fs_all & ~1)] if rw_dir else [])
+            + [(p, file_rw) for p in rw_files]
         )
         for path, access in rules:
             try:
@@ -107,4 +109,3 @@ def _read_roots() -> list[str]:
             roots.add(sysconfig.get_paths()[key])
     roots |= {p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p}
     return sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)} - {"/"})
-

@@ -268,7 +268,14 @@ def verify(code: str, tests: str, stdin: str | None = None, expect: str | None =
 
 def run_local(code: str, tests: str, stdin=None, expect=None, timeout=5.0, memory_mb=1024) -> SandboxResult:
     """Run one job in a fresh one-worker pool (what the command line does)."""
-    job = {"code": code, "tests": tests, "stdin": stdin, "expect": expect, "timeout": timeout, "memory_mb": memory_mb}
+    job = {
+        "code": code,
+        "tests": tests,
+        "stdin": stdin,
+        "expect": expect,
+        "timeout": timeout,
+        "memory_mb": memory_mb,
+    }
     p = prepare(job)
     with SandboxPool(1) as pool:
         return pool.run_prepared(p)

@@ -64,9 +64,13 @@ def check_limits(timeout, memory_mb) -> tuple[float, int]:
     if not math.isfinite(t) or t <= 0 or t > MAX_TIMEOUT:
         raise ValueError(f"timeout must be finite, > 0 and <= {MAX_TIMEOUT:g} seconds, got {timeout!r}")
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int | float) or memory_mb != memory_mb:
-        raise ValueError(f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}")
+        raise ValueError(
+            f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}"
+        )
     if int(memory_mb) != memory_mb or not 1 <= memory_mb <= MAX_MEMORY_MB:
-        raise ValueError(f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}")
+        raise ValueError(
+            f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}"
+        )
     return t, int(memory_mb)
 
 
@@ -111,7 +115,9 @@ def to_wire(v, depth: int = 0):
                 raise ValueError(f"iterator longer than {MAX_ITEMS} items")
             items.append(to_wire(x, d))
         return {"t": "iter", "v": items}
-    raise TypeError(f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)")
+    raise TypeError(
+        f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)"
+    )
 
 
 def from_wire(x, depth: int = 0, refs: dict | None = None):
@@ -129,7 +135,9 @@ def from_wire(x, depth: int = 0, refs: dict | None = None):
     tag, v = x["t"], x["v"]
     if tag in ("tuple", "set", "frozenset", "iter") and type(v) is list:
         items = [from_wire(e, d, refs) for e in v]
-        return iter(items) if tag == "iter" else {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+        return (
+            iter(items) if tag == "iter" else {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+        )
     if tag == "dict" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
         return {from_wire(k, d, refs): from_wire(e, d, refs) for k, e in v}
     if tag in ("bytes", "bytearray") and type(v) is str:

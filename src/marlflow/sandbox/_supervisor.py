@@ -23,7 +23,14 @@ import tempfile
 import time
 
 from marlflow.sandbox._child import candidate, judge
-from marlflow.sandbox._kernel import _LL_ABI, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG, _prctl, _read_roots, _unshare_network
+from marlflow.sandbox._kernel import (
+    _LL_ABI,
+    _PR_SET_CHILD_SUBREAPER,
+    _PR_SET_PDEATHSIG,
+    _prctl,
+    _read_roots,
+    _unshare_network,
+)
 from marlflow.sandbox._result import (
     OUTPUT_CAP,
     RESULT_LIMIT,
@@ -33,6 +40,7 @@ from marlflow.sandbox._result import (
     TMP_PREFIX,
     check_limits,
 )
+
 
 def _others_can_read(roots: list[str]) -> bool:
     """True if uid SANDBOX_UID can reach and read every root (e.g. not a Python under /root)."""
@@ -245,7 +253,6 @@ def _reap_strays() -> None:
         time.sleep(0.01)
 
 
-
 def _serve() -> None:
     """Worker loop: length-prefixed JSON jobs on stdin, raw records on stdout."""
     proto_in, proto_out = os.dup(0), os.dup(1)
@@ -262,7 +269,7 @@ def _serve() -> None:
         judged = isinstance(job, dict) and job.get("mode") == "judge"
         pending = [judged]
 
-        def read_tests():
+        def read_tests(pending=pending):
             pending[0] = False
             return _recv(proto_in) or {}
 

@@ -50,7 +50,9 @@ def normalize(job, timeout: float, memory_mb: int) -> dict:
     else:
         t = tuple(job)
         if len(t) not in (2, 4):
-            raise ValueError("a job is (code, tests) or (code, tests, stdin, expect) or a dict with those keys")
+            raise ValueError(
+                "a job is (code, tests) or (code, tests, stdin, expect) or a dict with those keys"
+            )
         d = dict(zip(("code", "tests", "stdin", "expect"), t))
     d.setdefault("tests", "")
     d.setdefault("stdin", None)
@@ -141,7 +143,10 @@ def _err(lines, tag="E") -> dict | None:
 
 
 def _is_memory(info: dict | None) -> bool:
-    return bool(info) and (info.get("type") == "MemoryError" or (info.get("type") in ("OSError", "mmap.error") and info.get("errno") == 12))
+    return bool(info) and (
+        info.get("type") == "MemoryError"
+        or (info.get("type") in ("OSError", "mmap.error") and info.get("errno") == 12)
+    )
 
 
 def _describe(info: dict) -> str:
@@ -154,7 +159,9 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
     stdout, stderr, seconds = raw.get("stdout", ""), raw.get("stderr", ""), float(raw.get("seconds", 0.0))
 
     def result(status: str, detail: str = "") -> SandboxResult:
-        return SandboxResult(status, status == "passed", stdout[:OUTPUT_CAP], stderr[:OUTPUT_CAP], seconds, detail)
+        return SandboxResult(
+            status, status == "passed", stdout[:OUTPUT_CAP], stderr[:OUTPUT_CAP], seconds, detail
+        )
 
     st = raw.get("exit") or 0
     sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0
@@ -165,7 +172,9 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
     if raw.get("timed_out") or signal.SIGXCPU in (sig, jsig):
         return result("timeout", f"over the {p.head['timeout']}s limit")
     if raw.get("over"):
-        return result("output_limit", f"{raw['over']} over the limit of {_LIMIT_OF.get(raw['over'], 0)} bytes")
+        return result(
+            "output_limit", f"{raw['over']} over the limit of {_LIMIT_OF.get(raw['over'], 0)} bytes"
+        )
     terr = _err(trusted)
     if terr:
         if terr.get("stage") == "compile" and terr.get("type") in _SYNTAX:
@@ -183,12 +192,22 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
     if mode == "stdio":
         if code != 0 or uerr:
             return result("failed", _describe(uerr) if uerr else f"exited with code {code}")
-        return result("passed") if outputs_match(raw.get("stdout", ""), expect or "") else result("failed", "wrong output")
+        return (
+            result("passed")
+            if outputs_match(raw.get("stdout", ""), expect or "")
+            else result("failed", "wrong output")
+        )
     if uerr:
         return result("failed", _describe(uerr))
     if mode == "judge":
         v = raw.get("verdict", "")
-        if v == "PASS\n" and jst is not None and os.WIFEXITED(jst) and os.WEXITSTATUS(jst) == 0 and "Y" in untrusted:
+        if (
+            v == "PASS\n"
+            and jst is not None
+            and os.WIFEXITED(jst)
+            and os.WEXITSTATUS(jst) == 0
+            and "Y" in untrusted
+        ):
             return result("passed")
         cinfo = _err(v.split("\n"), "C")
         if _is_memory(cinfo):

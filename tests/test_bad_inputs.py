@@ -214,6 +214,151 @@ def test_run_config_not_json(tmp_path, capsys):
     assert f"invalid run config {bad}" in line
 
 
+# Run configs that are broken in each way issue 11 found, through the real CLI in a subprocess. They fail
+# before the model loads, so the model path need not exist.
+def _valid_cfg() -> dict:
+    from marlflow.config import GRPOParams, RunConfig
+
+    cfg = RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy",
+                    task_axis="math", seed=0, task=TaskSpec(name="toy_math"), model="unused-model",
+                    grpo=GRPOParams(steps=2, eval_every=1))  # fmt: skip
+    return dataclasses.asdict(cfg)
+
+
+def _edit(**kv):
+    def f(d):
+        for k, v in kv.items():
+            *head, last = k.split(".")
+            target = d
+            for h in head:
+                target = target[h]
+            target[last] = v
+        return d
+
+    return f
+
+
+CONFIG_CASES = {
+    "directory": (None, ["is a directory"]),
+    "empty_list": (lambda d: [], ["must be a JSON object, not list"]),
+    "seed_list": (_edit(seed=[1]), ["seed is [1] of type list", "must be an integer"]),
+    "seed_text": (_edit(seed="abc"), ["seed is 'abc' of type str", "must be an integer"]),
+    "seed_too_big": (_edit(seed=2**31), ["seed is 2147483648", "<= 2147483647"]),
+    "model_int": (_edit(model=5), ["model is 5 of type int", "must be a string"]),
+    "threads_text": (_edit(threads="1"), ["threads is '1' of type str", "must be an integer"]),
+    "threads_huge": (_edit(threads=10**20), ["threads is 100000000000000000000", "<= 1024"]),
+    "steps_float": (_edit(**{"grpo.steps": 2.0}), ["grpo.steps is 2.0 of type float", "must be an integer"]),
+    "lr_nan": (_edit(**{"grpo.learning_rate": float("nan")}), ["grpo.learning_rate is nan", "finite"]),
+    "beta_nonzero": (_edit(**{"grpo.beta": 0.04}), ["grpo.beta is 0.04", "KL", "set grpo.beta: 0.0"]),
+    "bogus_scheduler": (_edit(**{"grpo.lr_scheduler": "bogus"}), ["grpo.lr_scheduler is 'bogus'", "cosine"]),
+    "task_not_mapping": (_edit(task="toy_math"), ["task is 'toy_math' of type str", "must be a mapping"]),
+    "task_without_name": (lambda d: {**d, "task": {"eval_size": 4}}, ["task.name is missing"]),
+    "unknown_grpo_key": (_edit(**{"grpo.stpes": 3}), ["grpo.stpes is not a known key", "allowed: steps"]),
+    "not_utf8": (b'{"run_id": "\xff"}', ["not UTF-8"]),
+    "bad_json_line": (b'{\n  "run_id": "x",\n  "seed": 0,,\n}', ["not valid JSON at line 3"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_train_cli_bad_run_config(tmp_path, case):
+    """Exit 2 before any work: one line naming the config file and the key, no traceback, <= 4 KB,
+    and no run folder."""
+    edit, expected = CONFIG_CASES[case]
+    path = tmp_path / "config.json"
+    if edit is None:
+        path.mkdir()
+    elif isinstance(edit, bytes):
+        path.write_bytes(edit)
+    else:
+        path.write_text(json.dumps(edit(_valid_cfg())))
+    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(tmp_path / "run")]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = _error_line(out.stderr)
+    assert len(out.stderr.encode()) <= 4096
+    assert line.startswith(f"marlflow.train: invalid run config {path}: "), line
+    for part in expected:
+        assert part in line, (part, line)
+    assert not (tmp_path / "run").exists()
+
+
+def _jsonl(path: Path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _gsm8k_rows(n):
+    return [{"question": f"{k}+1?", "answer": f"#### {k + 1}"} for k in range(n)]
+
+
+def _mbpp_row(task_id):
+    return {"task_id": task_id, "text": "Return 1.", "code": "def f():\n    return 1\n",
+            "test_list": ["assert f() == 1"], "test_setup_code": ""}  # fmt: skip
+
+
+# name -> (task name, train rows (or bytes), substrings of the message besides the file name)
+DATA_CASES = {
+    "missing_field": ("gsm8k", [*_gsm8k_rows(2), {"question": "x?"}],
+                      ["line 3: field 'answer' is missing", "it must be a string or a number", "question"]),
+    "null_field": ("gsm8k", [{"question": None, "answer": "#### 1"}], ["line 1: field 'question' is null"]),
+    "array_field": ("gsm8k", [*_gsm8k_rows(1), {"question": ["a", "b"], "answer": "#### 1"}],
+                    ["line 2: field 'question' is ['a', 'b'] of type list", "must be a string"]),
+    "row_is_array": ("gsm8k", [*_gsm8k_rows(1), [1, 2]], ["line 2: the row is a JSON list"]),
+    "not_utf8": ("gsm8k", b'{"question": "1+1?", "answer": "#### 2"}\n{"question": "caf\xe9", "answer": "#### 1"}\n',
+                 ["line 2: not UTF-8 (byte 0xe9)", "iconv"]),
+    "bad_json_line": ("gsm8k", [*_gsm8k_rows(2), "", '{"question": "x", "answer": '],
+                      ["line 4: not valid JSON", "one JSON object per line"]),
+    "mbpp_task_id_text": ("mbpp", [_mbpp_row(601), _mbpp_row("six hundred")],
+                          ["line 2: field 'task_id' is 'six hundred'", "must be an integer"]),
+    "mbpp_test_list_text": ("mbpp", [{**_mbpp_row(601), "test_list": "assert f() == 1"}],
+                            ["line 1: field 'test_list'", "must be a list of strings"]),
+    "deepcoder_tests_not_json": ("deepcoder", [{"problem": "p", "solutions": [], "tests": "[{'input': 1"}],
+                                 ["line 1: field 'tests' is not valid JSON"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_train_cli_bad_dataset_rows(tmp_path, case):
+    """Exit 1 before the model loads, one line naming the file, the line and the field; no run folder."""
+    task, rows, expected = DATA_CASES[case]
+    train = tmp_path / "train.jsonl"
+    if isinstance(rows, bytes):
+        train.write_bytes(rows)
+    else:
+        _jsonl(train, rows)
+    good = {"gsm8k": _gsm8k_rows(4), "mbpp": [_mbpp_row(11)], "deepcoder": []}[task]
+    test = _jsonl(tmp_path / "test.jsonl", good)
+    cfg = _valid_cfg()
+    cfg["task"] = dataclasses.asdict(TaskSpec(name=task, train_file=str(train), test_file=test, eval_size=4))
+    cfg["task_axis"] = "code" if task != "gsm8k" else "math"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(tmp_path / "run")]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = _error_line(out.stderr)
+    assert len(out.stderr.encode()) <= 4096
+    assert str(train) in line and f"dataset of task {task!r}" in line, line
+    for part in expected:
+        assert part in line, (part, line)
+    assert not (tmp_path / "run").exists()
+
+
+def test_failed_run_leaves_no_empty_folder(make_cfg, tmp_path, capsys):
+    """A run that fails after the run folder was made (here: the model) removes the folder it created,
+    but never a folder that existed before."""
+    cfg = dataclasses.replace(make_cfg("single", "sp"), model=str(tmp_path / "no-model"))
+    code, _ = _train_main(tmp_path, cfg, capsys)
+    assert code == 1 and not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
+    code, _ = _train_main(tmp_path, cfg, capsys)
+    assert code == 1 and (tmp_path / "run").is_dir()
+
+
 def _gsm8k_file(path: Path, n: int) -> str:
     path.write_text(
         "".join(json.dumps({"question": f"{k}+1?", "answer": f"#### {k + 1}"}) + "\n" for k in range(n))

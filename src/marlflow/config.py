@@ -355,7 +355,7 @@ class RunConfig:
             )
             names = [f.name for f in dataclasses.fields(sub_cls)]
             unknown = sorted(set(part) - set(names), key=str)
-            _check(not unknown, f"{sub}{_short(unknown[0]) if unknown else ''} is not a known key; "
+            _check(not unknown, f"{sub}{str(unknown[0])[:60] if unknown else ''} is not a known key; "
                    f"allowed: {', '.join(names)}")  # fmt: skip
             missing = [
                 f.name

@@ -205,6 +205,51 @@ def test_curves_share_y_per_task_with_se_bands(runs):
         assert axes[2].get_position().x0 > axes[1].get_position().x0
 
 
+@pytest.fixture(scope="module")
+def toy_runs(tmp_path_factory, toy_model_dir) -> list[str]:
+    """Two real 2-step toy runs (voting SP and IP) trained here, each folder with the config.json Snakemake
+    writes beside the run's outputs."""
+    from marlflow import train
+    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+
+    root = tmp_path_factory.mktemp("toy-runs")
+    paths = []
+    for sharing in ("sp", "ip"):
+        grpo = GRPOParams(steps=2, problems_per_step=2, group_size=4, learning_rate=1e-2, warmup_steps=0,
+                          lr_scheduler="constant", eval_every=1, save_every=2, max_completion_length=12,
+                          max_prompt_length=256, lora_r=4, lora_alpha=8)  # fmt: skip
+        cfg = RunConfig(run_id=f"voting-{sharing}-toy-math-s0", workflow="voting", sharing=sharing, scale="toy",
+                        task_axis="math", seed=0, task=TaskSpec(name="toy_math", eval_size=6, train_size=50),
+                        model=str(toy_model_dir), grpo=grpo)  # fmt: skip
+        out = root / "runs" / cfg.run_id
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+        train.run(cfg, out)
+        paths.append(str(out / "metrics.parquet"))
+    return paths
+
+
+@pytest.mark.slow
+def test_report_from_real_toy_runs(tmp_path, toy_runs):
+    written = build(tmp_path, toy_runs)
+    assert sorted(written.values()) == sorted(
+        report.outputs(
+            tmp_path / "out" / "figures", tmp_path / "out" / "report.html", None, run_ids(toy_runs)
+        )
+    )
+    overview = written["report.html"].read_text()
+    for text in ("preset</td><td>toy", "voting-sp-toy-math-s0", "voting-ip-toy-math-s0", "careless_share"):
+        assert text in overview, text
+    page = written["pages/voting-ip-toy-math-s0.html"].read_text()
+    # the real prompts carry the chat template's markup, escaped
+    assert "&lt;|im_start|&gt;" in page and "<|im_start|>" not in page
+    for text in ("any_correct", "generator_accuracy", "time_generate", "zero_adv_group_frac",
+                 "step 2</b>: 4 episodes", "<b>aggregator0</b> (aggregator)"):  # fmt: skip
+        assert text in page, text
+    samples = pd.read_parquet(Path(toy_runs[1]).with_name("samples.parquet"))
+    assert page.count("<div class='call'>") == len(samples)  # every logged call is shown
+
+
 def test_report_needs_tables(tmp_path, runs, capsys):
     argv = ["--tables", str(tmp_path / "none"), "--runs", *runs, "--figures", str(tmp_path / "f"),
             "--html", str(tmp_path / "r.html")]  # fmt: skip
@@ -289,10 +334,11 @@ def screenshot_variance(exe: str, html_file: Path, shots: Path, tmp: Path) -> fl
 
 
 @pytest.mark.slow
-def test_pages_in_headless_chromium(tmp_path, runs):
+@pytest.mark.parametrize("source", ["synthetic", "toy_runs"])
+def test_pages_in_headless_chromium(tmp_path, source, request):
     exe = chromium()
-    written = build(tmp_path, runs)
-    shots = Path(os.environ.get("MARLFLOW_REPORT_SHOTS", tmp_path / "shots"))
+    written = build(tmp_path, request.getfixturevalue("runs" if source == "synthetic" else source))
+    shots = Path(os.environ.get("MARLFLOW_REPORT_SHOTS", tmp_path / "shots")) / source
     shots.mkdir(parents=True, exist_ok=True)
     for key in ("report.html", "pages/voting-ip-toy-math-s0.html"):
         html_file = written[key]

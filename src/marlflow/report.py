@@ -233,11 +233,14 @@ def _missing(v: object) -> bool:
 
 def number_format(values) -> str:
     """One format for a group of numbers (a column, or a row of a metric x step table), so they line up:
-    'd' when all are whole numbers, '.1f' when any reaches 100, else '.3f'."""
-    nums = [float(v) for v in values if _is_num(v) and not _missing(v) and math.isfinite(float(v))]
-    if nums and all(x.is_integer() for x in nums):
+    'd' for integers, and for whole floats when one reaches 2 (counts such as n_eval, not accuracies of 0 or
+    1); '.1f' when any reaches 100; else '.3f'."""
+    nums = [v for v in values if _is_num(v) and not _missing(v) and math.isfinite(float(v))]
+    if nums and all(isinstance(v, int | np.integer) for v in nums):
         return "d"
-    return ".1f" if any(abs(x) >= 100 for x in nums) else ".3f"
+    if nums and all(float(v).is_integer() for v in nums) and any(abs(float(v)) >= 2 for v in nums):
+        return "d"
+    return ".1f" if any(abs(float(v)) >= 100 for v in nums) else ".3f"
 
 
 def fmt(v: object, spec: str | None = None) -> str:

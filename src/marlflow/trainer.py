@@ -166,6 +166,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             [k[0] for k in keys],
             [c.role for c in calls],
             [e.problem.task for e in episodes for _ in e.calls],
+            slots=[c.slot for c in calls],
+            rollouts=[e.rollout for e in episodes for _ in e.calls],
+            prompt_ids=[c.prompt_ids for c in calls],
+            group_size=self.cfg.grpo.group_size,
+            workflow=self.cfg.workflow,
         )
         r = torch.tensor(rewards, dtype=torch.float32)
         adv, std = algos.group_advantages(r, index)

@@ -9,6 +9,7 @@ each in a run folder with config.json and DONE as Snakemake leaves them.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -128,8 +129,15 @@ def test_overview_page(tmp_path, runs):
     assert len(embedded) == 4  # curves, careless_share, grad norm, role share
     assert base64.b64decode(embedded[0]) == written["curves.png"].read_bytes()
     for text in ("Provenance", "abc123", "trl ", "torch ", "Failure signatures", "Gradient traces",
-                 "Definitions", "Peak / terminal", "careless_share", "0.70 -&gt; 0.10", "cliff: peak 0.600"):  # fmt: skip
+                 "Definitions", "Peak / terminal", "careless_share", "0.70 -&gt; 0.10"):  # fmt: skip
         assert text in page, text
+    # every failure signature is shown with its evidence, item by item
+    failures = pd.read_csv(tmp_path / "tables" / "failures.csv", keep_default_na=False)
+    flagged = failures[failures["cliff"] | failures["stagnation"]]
+    assert set(flagged["run_id"]) == {"voting-ip-toy-math-s0", "single-sp-toy-math-s0"}
+    for evidence in flagged["evidence"]:
+        for item in evidence.split("; "):
+            assert f"<li>{html.escape(item)}</li>" in page, item
     # wall time = sum of step_time: 20 steps x 2.0 s x 4 runs
     assert "2.7 min total; per run 40.0 s to 40.0 s" in page  # 160 s
     assert "preset</td><td>toy" in page
@@ -138,25 +146,27 @@ def test_overview_page(tmp_path, runs):
     assert "http" not in page.replace("<!DOCTYPE html>", "")  # self-contained
     for rid in run_ids(runs):
         assert f'href="report/{rid}.html"' in page
-    # the statistics step's tables are absent here: the page says so instead of failing
-    assert "paired_sp_ip.csv was not found" in page
+    # seed-paired SP - IP from the statistics step: voting peak 0.45 - 0.60, one seed so no CI
+    assert "<td>voting toy math</td>" in page and "-0.150<br><span class='ci'>n/a</span>" in page
     # deterministic for the same inputs
     again = build(tmp_path, runs, name="again")
     assert again["report.html"].read_bytes() == written["report.html"].read_bytes()
 
 
-def test_optional_tables_rendered(tmp_path, runs):
+def test_statistics_tables_absent_or_torn(tmp_path, runs):
     tables = tmp_path / "tables"
     aggregate.main(["--runs", *runs, "--out", str(tables)])
-    paired = pd.DataFrame({"workflow": ["voting"], "scale": ["toy"], "task": ["math"], "metric": ["peak"],
-                           "sp_minus_ip": [-0.15], "ci_low": [-0.2], "ci_high": [-0.1], "n_seeds": [1]})  # fmt: skip
-    paired.to_csv(tables / "paired_sp_ip.csv", index=False)
+    for name in ("contrasts.csv", "summary_by_cell.csv", "claims.csv"):
+        (tables / name).unlink()  # tables from an older aggregate step: the page says so instead of failing
     page = build(tmp_path, runs)["report.html"].read_text()
-    assert "paired_sp_ip.csv was not found" not in page
-    assert "<th>sp_<wbr>minus_<wbr>ip</th>" in page and '<td class="n">-0.150</td>' in page
+    for name in ("contrasts.csv", "summary_by_cell.csv", "claims.csv"):
+        assert f"{name} was not found next to summary.parquet" in page, name
     (tables / "claims.csv").write_text('a,"b\n')  # a torn CSV is an error naming the file
     with pytest.raises(ValueError, match="claims.csv: not a readable CSV"):
         build(tmp_path, runs, name="bad")
+    (tables / "claims.csv").write_text("a,b\n1,2\n")  # a CSV of another layout names its missing columns
+    with pytest.raises(ValueError, match=r"claims.csv lacks columns \['claim', 'verdict'\]"):
+        build(tmp_path, runs, name="bad2")
 
 
 def test_run_page(tmp_path, runs):
@@ -318,9 +328,7 @@ def layout(exe: str, html_file: Path, tmp: Path) -> dict:
     probe.unlink()
     m = re.search(r"data-check=\"([^\"]+)\"", dom)
     assert m, f"the check script did not run; DOM starts {dom[:300]!r}"
-    import html as _html
-
-    return json.loads(_html.unescape(m.group(1)))
+    return json.loads(html.unescape(m.group(1)))
 
 
 def screenshot_variance(exe: str, html_file: Path, shots: Path, tmp: Path) -> float:

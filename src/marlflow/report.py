@@ -4,7 +4,7 @@
         --figures results/figures --html results/report.html [--pages results/report]
 
 Reads the tables written by `python -m marlflow.aggregate` (summary.parquet, failures.csv, grad_dynamics.csv
-are required; summary_by_cell.csv, paired_sp_ip.csv and claims.csv are shown when present), each run's
+are required; contrasts.csv, summary_by_cell.csv and claims.csv are shown when present), each run's
 metrics.parquet, and beside it, when present, samples.parquet (transcripts), config.json (preset, model,
 hyperparameters) and DONE.
 
@@ -62,7 +62,15 @@ from marlflow.analysis.plots import (
     step_time_table,
     with_se,
 )
-from marlflow.analysis.tables import CAPTION, WORKFLOW_ORDER, order_key, peak_terminal_table
+from marlflow.analysis.tables import (
+    CAPTION,
+    SCALE_ORDER,
+    SHARING_ORDER,
+    TASK_ORDER,
+    WORKFLOW_ORDER,
+    order_key,
+    peak_terminal_table,
+)
 from marlflow.metrics import FACTOR_COLUMNS, atomic_write_text
 
 FIGURES = {
@@ -73,13 +81,13 @@ FIGURES = {
 }
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
-# Tables of the statistics step, shown when the aggregate step wrote them: file -> (title, what it is)
-OPTIONAL_TABLES = {
-    "paired_sp_ip.csv": ("Paired SP - IP", "SP minus IP in each cell with the same workflow, scale, task and "
-                         "seed, and confidence intervals over seeds."),
-    "summary_by_cell.csv": ("Summary by cell", "Means over seeds per cell with confidence intervals."),
-    "claims.csv": ("Claims", "The paper's claims checked against these runs."),
-}  # fmt: skip
+# Tables of the statistics step (marlflow.analysis.seeds / claims), shown when the aggregate step wrote them
+OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv"]
+CELL_KEYS = ["workflow", "sharing", "scale", "task", "intervention"]
+MISSING_TABLE = (
+    "{name} was not found next to summary.parquet: the aggregate step that wrote these tables predates it. "
+    "Rerun <code>python -m marlflow.aggregate</code> (or <code>make run</code>) with the current marlflow."
+)
 PACKAGES = ["marlflow", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "snakemake", "pandas",
             "matplotlib"]  # fmt: skip
 TRANSCRIPT_CHARS = 4000  # longer prompts/outputs are cut (the full text stays in samples.parquet)
@@ -107,6 +115,8 @@ details{margin:.3em 0}summary{cursor:pointer}
 .call{border-left:3px solid #ccc;padding-left:.7em;margin:.5em 0 .8em}
 .ok{color:#1b7f3b}.bad{color:#b00020}
 .kv td:first-child{font-weight:600;background:#f6f6f6;white-space:nowrap}
+.ci{color:#666;font-size:11px;white-space:nowrap}
+.supported{color:#1b7f3b;font-weight:600}.contradicted{color:#b00020;font-weight:600}
 """
 
 
@@ -333,9 +343,20 @@ def duration(seconds: float) -> str:
 
 
 def run_order(summary: pd.DataFrame) -> list[str]:
-    """Run ids in paper order: workflow, then the rest of the run id."""
-    wf = order_key(WORKFLOW_ORDER)
-    return sorted(summary["run_id"], key=lambda r: (wf(r.split("-")[0]), r))
+    """Run ids in paper order: workflow, scale, task, seed, intervention, then SP before IP (so each SP run
+    is followed by its IP partner)."""
+    wf, sc, tk, sh = (order_key(o) for o in (WORKFLOW_ORDER, SCALE_ORDER, TASK_ORDER, SHARING_ORDER))
+    recs = summary[FACTOR_COLUMNS].to_dict("records")
+    recs.sort(key=lambda r: (wf(r["workflow"]), sc(r["scale"]), tk(r["task"]), r["seed"],
+                             r["intervention"] != "none", str(r["intervention"]), sh(r["sharing"]), r["run_id"]))  # fmt: skip
+    return [r["run_id"] for r in recs]
+
+
+def by_run_order(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Rows of a per-run (or per run x role) table in run order, stable within a run."""
+    rank = {rid: i for i, rid in enumerate(order)}
+    key = df["run_id"].astype(str).map(lambda r: rank.get(r, len(rank)))
+    return df.assign(_k=key).sort_values("_k", kind="stable").drop(columns="_k").reset_index(drop=True)
 
 
 def train_seconds(metrics: pd.DataFrame) -> pd.Series:
@@ -432,17 +453,105 @@ def peak_terminal_html(summary: pd.DataFrame) -> str:
     )
 
 
-def optional_table_section(name: str, df: pd.DataFrame | None, links) -> list[str]:
-    title, what = OPTIONAL_TABLES[name]
-    anchor = name.removesuffix(".csv")
-    if df is None:
-        return [
-            f"<h2 id='{anchor}'>{esc(title)}</h2>",
-            f"<p class='note'>{esc(name)} was not found next to summary.parquet: the aggregate step that wrote "
-            "these tables does not compute it. Rerun <code>python -m marlflow.aggregate</code> with the current "
-            "marlflow.</p>",
-        ]
-    return [f"<h2 id='{anchor}'>{esc(title)}</h2>", f"<p class='note'>{esc(what)}</p>", table(df, links)]
+def ci_html(m: object, lo: object, hi: object, signed: bool = False) -> str:
+    """'mean' over '[lo, hi]' (escaped, two lines so wide CI tables fit); 'n/a' for a CI that needs 2 seeds."""
+    if _missing(m):
+        return ""
+    text = f"{float(m):+.3f}" if signed else f"{float(m):.3f}"
+    ci = "n/a" if _missing(lo) or _missing(hi) else f"[{float(lo):.3f}, {float(hi):.3f}]"
+    return f"{esc(text)}<br><span class='ci'>{esc(ci)}</span>"
+
+
+def cell_label(rec: dict, sharing: bool = True) -> str:
+    """'voting-ip toy math' (+intervention) for a cell's key columns."""
+    head = f"{rec['workflow']}-{rec['sharing']}" if sharing else str(rec["workflow"])
+    label = f"{head} {rec['scale']} {rec['task']}"
+    itv = rec.get("intervention")
+    return label if itv in ("none", "", None) or _missing(itv) else f"{label} +{itv}"
+
+
+def _cell_order(df: pd.DataFrame) -> pd.DataFrame:
+    wf, sh, sc, tk = (order_key(o) for o in (WORKFLOW_ORDER, SHARING_ORDER, SCALE_ORDER, TASK_ORDER))
+    keys = df.apply(lambda r: (wf(r["workflow"]), sc(r["scale"]), tk(r["task"]), str(r["intervention"]),
+                               sh(r["sharing"])), axis=1)  # fmt: skip
+    return df.assign(_k=keys).sort_values("_k", kind="stable").drop(columns="_k").reset_index(drop=True)
+
+
+def _need(df: pd.DataFrame, name: str, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{name} lacks columns {missing}; it was written by another marlflow version: rerun "
+            "`python -m marlflow.aggregate`"
+        )
+
+
+def contrasts_html(con: pd.DataFrame, kind: str) -> str:
+    """One contrast kind (sp-ip or ma-sa) as a table: a row per cell, a column per statistic, each cell the
+    seed-paired mean difference over its 95% CI."""
+    _need(con, "contrasts.csv", ["contrast", *CELL_KEYS, "stat", "n_pairs", "mean", "lo", "hi"])
+    c = con[con["contrast"] == kind]
+    if c.empty:
+        return f"<p class='note'>No {esc(kind)} pairs among these runs.</p>"
+    stats = list(dict.fromkeys(c["stat"]))
+    recs = []
+    for key, g in _cell_order(c).groupby(CELL_KEYS, sort=False, dropna=False):
+        rec = dict(zip(CELL_KEYS, key))
+        by = {r["stat"]: r for r in g.to_dict("records")}
+        row = {"cell": cell_label(rec, sharing=kind != "sp-ip"), "seed pairs": int(g["n_pairs"].max())}
+        for st in stats:
+            r = by.get(st)
+            row[st] = "" if r is None else ci_html(r["mean"], r["lo"], r["hi"], signed=True)
+        recs.append(row)
+    return table(pd.DataFrame(recs), raw_columns=stats)
+
+
+def contrasts_section(con: pd.DataFrame | None) -> list[str]:
+    out = ["<h2 id='paired'>Paired SP - IP</h2>"]
+    if con is None:
+        return [*out, f"<p class='note'>{MISSING_TABLE.format(name='contrasts.csv')}</p>"]
+    out += [
+        "<p class='note'>SP minus IP for runs of the same cell and seed (same problems at every step), mean over "
+        "seeds with its 95% CI below it (n/a: fewer than 2 seeds). Positive: SP higher; for cliff, SP more "
+        "often. From contrasts.csv.</p>",
+        contrasts_html(con, "sp-ip"),
+        "<h3>Multi-agent - single-agent (MA - SA)</h3>",
+        "<p class='note'>Each workflow minus the single-agent baseline of the same scale, task and seed.</p>",
+        contrasts_html(con, "ma-sa"),
+    ]
+    return out
+
+
+def cells_section(cells: pd.DataFrame | None) -> list[str]:
+    out = ["<h2 id='cells'>Summary by cell</h2>"]
+    if cells is None:
+        return [*out, f"<p class='note'>{MISSING_TABLE.format(name='summary_by_cell.csv')}</p>"]
+    _need(cells, "summary_by_cell.csv", [*CELL_KEYS, "n_seeds"])
+    stats = [c.removesuffix("_mean") for c in cells.columns if c.endswith("_mean")]
+    recs = []
+    for rec in _cell_order(cells).to_dict("records"):
+        row = {"cell": cell_label(rec), "seeds": rec["n_seeds"]}
+        for st in stats:
+            row[st] = ci_html(rec[f"{st}_mean"], rec.get(f"{st}_lo"), rec.get(f"{st}_hi"))
+        recs.append(row)
+    return [
+        *out,
+        "<p class='note'>Mean over seeds with its 95% CI below it (n/a: fewer than 2 seeds). From "
+        "summary_by_cell.csv.</p>",
+        table(pd.DataFrame(recs), raw_columns=stats),
+    ]
+
+
+def claims_section(claims: pd.DataFrame | None) -> list[str]:
+    out = ["<h2 id='claims'>Claims</h2>"]
+    if claims is None:
+        return [*out, f"<p class='note'>{MISSING_TABLE.format(name='claims.csv')}</p>"]
+    _need(claims, "claims.csv", ["claim", "verdict"])
+    rules = sorted({str(r) for r in claims.get("rule", pd.Series(dtype=str)).dropna()})
+    shown = claims.drop(columns=[c for c in ("rule",) if c in claims.columns]).copy()
+    shown["verdict"] = [f"<span class='{esc(v)}'>{esc(v)}</span>" for v in shown["verdict"].astype(str)]
+    note = "".join(f"<p class='note'>Verdict rule: {esc(r)}.</p>" for r in rules)
+    return [*out, note, table(shown, raw_columns=("verdict",))]
 
 
 def failure_flags(failures: pd.DataFrame) -> dict[str, list[str]]:
@@ -493,13 +602,15 @@ def render_overview(
     commit: str,
 ) -> str:
     """The overview page. Deterministic text for the same inputs, commit and package versions."""
-    summary, failures = tables["summary"], tables["failures"]
+    summary = tables["summary"]
+    order = run_order(summary)
+    failures = by_run_order(tables["failures"], order)
     careless_logged = not careless_series(metrics).empty
     sections = [("provenance", "Provenance"), ("runs", "Runs"), ("curves", "Curves"),
-                ("peak_terminal", "Peak / terminal"), ("paired_sp_ip", "Paired SP - IP")]  # fmt: skip
+                ("peak_terminal", "Peak / terminal"), ("paired", "Paired SP - IP")]  # fmt: skip
     if careless_logged:
         sections.append(("careless", "careless_share"))
-    sections += [("failures", "Failure signatures"), ("gradients", "Gradients"), ("summary_by_cell", "By cell"),
+    sections += [("failures", "Failure signatures"), ("gradients", "Gradients"), ("cells", "By cell"),
                  ("claims", "Claims"), ("definitions", "Definitions")]  # fmt: skip
     body = [
         "<h1>marlflow report</h1>",
@@ -512,7 +623,7 @@ def render_overview(
         figure(figures["curves.png"], "curves.png"),
         "<h2 id='peak_terminal'>Peak / terminal</h2>",
         peak_terminal_html(summary),
-        *optional_table_section("paired_sp_ip.csv", tables.get("paired_sp_ip.csv"), links),
+        *contrasts_section(tables.get("contrasts.csv")),
     ]
     if careless_logged:
         body += [
@@ -521,7 +632,7 @@ def render_overview(
             "what RL should teach the roles to drop. Step 0 -> last eval per run is in the Runs table.</p>",
             figure(figures["careless_share.png"], "careless_share.png"),
         ]
-    grads = tables["grad_dynamics"]
+    grads = by_run_order(tables["grad_dynamics"], order)
     body += [
         *failures_section(failures, links),
         "<h2 id='gradients'>Gradient traces</h2>",
@@ -533,8 +644,8 @@ def render_overview(
         figure(figures["role_share.png"], "role_share.png"),
         "<h3>Gradient dynamics (run x role)</h3>",
         table(grads[[c for c in GRAD_SHOWN if c in grads.columns]], links),
-        *optional_table_section("summary_by_cell.csv", tables.get("summary_by_cell.csv"), links),
-        *optional_table_section("claims.csv", tables.get("claims.csv"), links),
+        *cells_section(tables.get("summary_by_cell.csv")),
+        *claims_section(tables.get("claims.csv")),
         "<h2 id='definitions'>Definitions</h2>",
         f"<pre>{esc(DEFINITIONS)}</pre>",
     ]

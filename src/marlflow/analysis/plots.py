@@ -63,6 +63,7 @@ EXTRA_EVAL = ["any_correct", "generator_accuracy", "worker_accuracy", "careless_
 EXTRA_STYLES = dict(zip(EXTRA_EVAL, [":", "-.", "-.", "--"]))
 # the cell a run belongs to, sharing left out: an SP run and its IP partner share this key
 PAIR_KEY = ["workflow", "scale", "task", "seed", "intervention"]
+MIN_YSPAN = 0.1  # smallest accuracy range on a curves y axis
 
 
 def colour(workflow: str, sharing: str) -> str:
@@ -95,7 +96,12 @@ def _task_ylim(panel: pd.DataFrame) -> tuple[float, float]:
     lo = float((panel["accuracy"] - panel["se"].fillna(0)).min())
     hi = float((panel["accuracy"] + panel["se"].fillna(0)).max())
     pad = max(0.02, 0.05 * (hi - lo))
-    return max(0.0, lo - pad), min(1.0, hi + pad)
+    lo, hi = lo - pad, hi + pad
+    if hi - lo < MIN_YSPAN:  # a flat task (e.g. all zero) would otherwise magnify nothing into a full axis
+        mid = (lo + hi) / 2
+        lo, hi = mid - MIN_YSPAN / 2, mid + MIN_YSPAN / 2
+    shift = max(0.0, -lo) - max(0.0, hi - 1.0)  # keep the span, moved inside [0, 1]
+    return max(0.0, lo + shift), min(1.0, hi + shift)
 
 
 def plot_curves(metrics: pd.DataFrame) -> Figure:
@@ -140,7 +146,7 @@ def plot_curves(metrics: pd.DataFrame) -> Figure:
     handles += [Line2D([], [], color="k", marker=marker[s], ls="", label=s) for s in scales]
     handles.append(Line2D([], [], color="k", ls="--", lw=0.8, label="base (step 0)"))
     handles.append(Patch(color="#999", alpha=0.3, label="+- 1 SE"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), fontsize=8)
+    _legend(fig, handles)
     return fig
 
 
@@ -187,10 +193,15 @@ def _pair_panels(series: pd.DataFrame, ylabel: str, pairs_per_row: int = 2):
     return fig, panels
 
 
-def _role_legend(fig: Figure, roles: set[str]) -> None:
-    handles = [Line2D([], [], color=role_colour(r), label=r, lw=3) for r in sorted(roles)]
+def _legend(fig: Figure, handles: list) -> None:
+    """A legend below the panels, in as many rows as the figure's width needs (about 1.1 inch per entry)."""
     if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+        per_row = max(1, int(fig.get_figwidth() / 1.1))
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), per_row), fontsize=8)
+
+
+def _role_legend(fig: Figure, roles: set[str]) -> None:
+    _legend(fig, [Line2D([], [], color=role_colour(r), label=r, lw=3) for r in sorted(roles)])
 
 
 def _role_series(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -263,7 +274,7 @@ def plot_careless_share(metrics: pd.DataFrame) -> Figure:
     axes[0].set_ylabel("share of solver outputs")
     handles = [Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items()]
     handles += [Line2D([], [], color="k", ls=styles[w], label=w) for w in workflows]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    _legend(fig, handles)
     return fig
 
 

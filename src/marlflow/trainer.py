@@ -20,6 +20,7 @@ each role's backward, so per-role gradient norms and shares exist under both pol
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -112,6 +113,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             train_dataset=placeholder,
             processing_class=tokenizer,
         )
+        # TRL's Trainer creates args.output_dir although nothing is saved there: leave no empty trl/ in the run.
+        with contextlib.suppress(OSError):
+            Path(self.args.output_dir).rmdir()
         self.current_gradient_accumulation_steps = 1
         self.train_problems = task.load("train", cfg.task)
         self.eval_problems = task.load("test", cfg.task)[: cfg.task.eval_size]

@@ -7,8 +7,9 @@ The program is the last fenced Python block of a model output (else the whole ou
   train 601-974, prompt 1-10. Tests = test_setup_code + the three asserts; the prompt shows them.
 - humaneval: openai/openai_humaneval (test only). The program is the HumanEval prompt followed by the
   model's code (a full function or just its body); tests = `test` + `check(entry_point)`.
-- deepcoder: agentica-org/DeepCoder-Preview-Dataset, subset primeintellect; problems without tests are
-  dropped, then shuffle(seed=42) and the first 1,000 are the test split. stdin/stdout tests become
+- deepcoder: agentica-org/DeepCoder-Preview-Dataset, subset primeintellect; with `task.runtime_results`
+  only the tests a reference solution passed are kept (the paper's filter, marlflow.tasks.deepcoder_runtime);
+  problems without tests are dropped, then shuffle(seed=42) and the first 1,000 are the test split. stdin/stdout tests become
   sandbox stdio cases (`marlflow.sandbox.stdio_tests`); function-call tests become sandbox call cases
   (`marlflow.sandbox.CALLS_MARKER`): arguments go to the program, expected values never do.
 

@@ -68,7 +68,7 @@ def parse_tests(raw, where: str) -> list[dict]:
     for j, t in enumerate(raw):
         if "input" not in t or "output" not in t:
             raise DataError(
-                f"{where}: test {j} has no 'input' or no 'output' (keys: {', '.join(map(str, t))})"
+                f"{where}: test {j} has no 'input' or no 'output' (keys: {', '.join(str(k)[:40] for k in list(t)[:12])})"
             )
     return raw
 

@@ -44,6 +44,11 @@ HUB_LOAD_DATASET: Callable | None = None  # tests: a load_dataset-like function 
 class DataError(ValueError):
     """A dataset that cannot be used; the message names the file, the line or row, the field and the fix."""
 
+    def __str__(self) -> str:
+        # A message quotes values from the file; whatever they hold, it stays one readable paragraph.
+        text = " ".join(super().__str__().split())
+        return text if len(text) <= 2000 else text[:1980] + " ... (cut)"
+
 
 class Records(list):
     """Dataset rows that remember where they came from, so an error can name the file and line."""
@@ -78,7 +83,7 @@ def field(rows: Records, i: int, key: str, kind: str = "text", default=None, req
     if v is None:
         if not required:
             return default
-        have = ", ".join(map(str, list(row)[:12])) or "none"
+        have = ", ".join(str(k)[:40] for k in list(row)[:12]) or "none"
         raise DataError(
             f"{where}: field {key!r} is {'null' if key in row else 'missing'}; it must be {_KINDS[kind]} "
             f"(fields present: {have}). Fix the file, or point task.source at the dataset in its original format"

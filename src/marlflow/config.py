@@ -65,6 +65,7 @@ BOUNDS = {
     "lora_r": {"minimum": 1, "maximum": 4096},
     "lora_alpha": {"minimum": 1, "maximum": 65_536},
     "max_nan_steps": {"minimum": 1, "maximum": 1_000_000},
+    "grad_ema_window": {"minimum": 1, "maximum": 1_000_000},
     "seed": {"minimum": 0, "maximum": MAX_SEED},
     "threads": {"minimum": 1, "maximum": 1024},
     "eval_opt_rounds": {"minimum": 0, "maximum": 100},
@@ -182,6 +183,9 @@ class GRPOParams:
     eval_every: steps between evaluations; step 0 is always evaluated.
     save_every: steps between checkpoints (0 = only the last).
     lora_r / lora_alpha / lora_targets: adapter shape (paper r=64, alpha=32, all linear layers).
+    max_nan_steps: consecutive non-finite steps (each skipped) after which the run stops.
+    grad_ema_window: W of each role's gradient EMA (weight 1/W per step); the logged ema_cos, the cosine of
+        a step's role gradient with that EMA, is the coherence signal (marlflow.analysis.definitions).
     """
 
     steps: int = 500
@@ -207,6 +211,7 @@ class GRPOParams:
     lora_alpha: int = 32
     lora_targets: str = "all-linear"
     max_nan_steps: int = 3
+    grad_ema_window: int = 128
 
     def __post_init__(self):
         _check_fields(self, "grpo.")
@@ -242,6 +247,10 @@ class GRPOParams:
             "need 0 < grpo.epsilon <= grpo.epsilon_high",
         )
         _check(self.max_nan_steps >= 1, "grpo.max_nan_steps must be >= 1")
+        _check(
+            self.grad_ema_window >= 1,
+            f"grpo.grad_ema_window must be >= 1 (steps), got {self.grad_ema_window}",
+        )
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,16 @@ that one step reads top to bottom:
     calls     = every role call of every episode, reward = the episode's final outcome (paper default)
     adv       = GRPO advantages within (problem, slot) groups; check_groups() asserts none is mixed
     for policy in policies:                                  # SP: "shared"; IP: one adapter per role type
-        for role routed to it:  loss_r = TRL _compute_loss(role sub-batch) * weight; backward
-                                grad_norm[role] = norm of the gradient that role added
+        for role routed to it:  for slot of the role:  loss = TRL _compute_loss(slot calls) * weight; backward
+                                g_r = the gradient the role added (sum of its slots' parts)
         clip this policy's gradient; step this policy's own AdamW and scheduler
     evaluate every eval_every steps; checkpoint every save_every steps
 
-Under SP each role's gradient contribution is separated by differencing the accumulated gradient after
-each role's backward, so per-role gradient norms and shares exist under both policies.
+Under SP each role's (and each slot's) gradient contribution is separated by differencing the accumulated
+gradient after each slot's backward, so per-role gradient metrics exist under both sharings with one
+meaning (marlflow.analysis.definitions, "Gradient metrics"): grad_norm of the role's own mean loss,
+contributions before and after clipping, clip_coef, proj_share, cos_others, slot_amplification / slot_cos,
+and ema_cos against a per-role gradient EMA that is checkpointed with the optimizers.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from marlflow import algos
+from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.generation import ChatEncoder, Sampling, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, rows, write_metrics
 from marlflow.workflows import Context, rollout
@@ -93,13 +97,20 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
     )
 
 
-def _pieces(ridx: list[int], calls, mb: int) -> list[list[int]]:
-    """A role's calls in forward-backward chunks: per slot (calls of one slot have similar lengths, so
-    little padding; Eval-Opt's refinement prompts are ~5x its first prompt), at most `mb` calls each."""
+def _pieces(ridx: list[int], calls, mb: int) -> list[list[list[int]]]:
+    """A role's calls per slot (first-seen slot order), each slot in forward-backward chunks of at most `mb`
+    calls. Chunks stay within a slot because calls of one slot have similar lengths (little padding;
+    Eval-Opt's refinement prompts are ~5x its first prompt) and because each slot's gradient is measured."""
     by_slot: dict[str, list[int]] = defaultdict(list)
     for i in ridx:
         by_slot[calls[i].slot].append(i)
-    return [idx[s : s + mb] for idx in by_slot.values() for s in range(0, len(idx), mb)]
+    return [[idx[s : s + mb] for s in range(0, len(idx), mb)] for idx in by_slot.values()]
+
+
+def _finite(d: dict, **values: float) -> None:
+    """Set the finite values in `d`; a metric that is undefined this step (NaN: a zero gradient, fewer than
+    two slots with a gradient) is left out rather than logged as NaN."""
+    d.update({k: float(v) for k, v in values.items() if math.isfinite(v)})
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -149,6 +160,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.sample_rows: list[dict] = []
         self._last_logps: torch.Tensor | None = None
         self._gap_warned = False
+        # role -> EMA of its own-loss gradient (flat, fp32, on the adapter's device); checkpointed, so a
+        # resumed run logs the same ema_cos as an uninterrupted one.
+        self.grad_ema: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ data
 
@@ -237,14 +251,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         )
 
     def update(self, calls, adv: torch.Tensor) -> dict:
-        """Per-policy backward with per-role gradient accounting, per-policy clipping; optimizer steps.
+        """Per-policy backward with per-role and per-slot gradient accounting, per-policy clipping; optimizer
+        steps.
 
         Returns per-role stats {role: {...}} and workflow stats under "all". If any loss or gradient is not
-        finite, no parameter changes and stats["all"]["nan_skipped"] == 1.
+        finite, no parameter changes, the gradient EMAs stay as they were, and stats["all"]["nan_skipped"] == 1.
+        The gradient metrics only read the gradients: the update is the policy's whole-batch TRL loss either way.
         """
         cfg, g = self.cfg, self.cfg.grpo
         stats: dict[str, dict] = defaultdict(dict)
         total_loss, finite, policy_norms = 0.0, True, {}
+        roles_of: dict[str, list[str]] = {}
+        own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r), for the EMA once all is finite
         mb = cfg.micro_batch_size or len(calls)
         for policy in cfg.policies:
             idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
@@ -257,59 +275,110 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             n_pol = len(idx)
             tok_pol = sum(len(calls[i].completion_ids) for i in idx)
             prev = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
+            role_grads: dict[str, torch.Tensor] = {}
             for role in dict.fromkeys(calls[i].role for i in idx):
                 ridx = [i for i in idx if calls[i].role == role]
                 role_loss, ent, clip, gap, gap_n = 0.0, [], [], 0.0, 0
                 # A call with zero advantage adds exactly nothing to the GRPO loss (no KL term is used with
                 # beta=0, the default everywhere here), so it is not run; the weights below are computed on
-                # the calls that are, which keeps every loss type's normalisation exact.
+                # the calls that are, which keeps every loss type's normalisation exact. A slot (or a whole
+                # role) whose calls all have zero advantage therefore has no gradient this step.
                 live = [i for i in ridx if adv[i] != 0] if g.beta == 0 else ridx
-                for piece in _pieces(live, calls, mb):
-                    pcalls = [calls[i] for i in piece]
-                    tok = sum(len(c.completion_ids) for c in pcalls)
-                    inputs = self.collate(pcalls, adv[piece], tok_pol)
-                    w = algos.role_loss_weight(g.loss_type, len(piece), n_pol, tok, tok_pol)
-                    loss = self._compute_loss(self.model, inputs) * w
-                    piece_gap, piece_n = self._logp_gap(pcalls)
-                    gap, gap_n = gap + piece_gap, gap_n + piece_n
-                    ent.append(self._metrics["train"]["entropy"].pop() * len(piece))
-                    clip.append(self._metrics["train"].get("clip_ratio/region_mean", [0.0])[-1] * len(piece))
-                    if not torch.isfinite(loss):
-                        finite = False
+                start, slot_grads, ok = prev, [], True
+                for slot_pieces in _pieces(live, calls, mb):
+                    for piece in slot_pieces:
+                        pcalls = [calls[i] for i in piece]
+                        tok = sum(len(c.completion_ids) for c in pcalls)
+                        inputs = self.collate(pcalls, adv[piece], tok_pol)
+                        w = algos.role_loss_weight(g.loss_type, len(piece), n_pol, tok, tok_pol)
+                        loss = self._compute_loss(self.model, inputs) * w
+                        piece_gap, piece_n = self._logp_gap(pcalls)
+                        gap, gap_n = gap + piece_gap, gap_n + piece_n
+                        ent.append(self._metrics["train"]["entropy"].pop() * len(piece))
+                        clip.append(
+                            self._metrics["train"].get("clip_ratio/region_mean", [0.0])[-1] * len(piece)
+                        )
+                        if not torch.isfinite(loss):
+                            finite = ok = False
+                            break
+                        loss.backward()
+                        role_loss += loss.item()
+                    if not ok:
                         break
-                    loss.backward()
-                    role_loss += loss.item()
-                flat = self._flat_grad(params)
+                    flat = self._flat_grad(params)
+                    slot_grads.append(flat - prev)
+                    prev = flat
+                g_r = prev - start  # = sum of its slots' gradients
+                # f_r: the role's share of the policy's loss normaliser over all its calls (zero-advantage
+                # ones included, as in the whole-batch loss); ||g_r|| / f_r is the norm of the role's own
+                # mean-loss gradient, the same number under SP and IP. f_r = 0 only when the role produced
+                # no completion tokens (bnpo/dapo), and then g_r = 0 as well.
+                tok_r = sum(len(calls[i].completion_ids) for i in ridx)
+                f = algos.own_scale(g.loss_type, len(ridx), n_pol, tok_r, tok_pol)
+                pre = g_r.norm().item()
                 stats[role].update(
-                    loss=role_loss, grad_norm=(flat - prev).norm().item(), live_frac=len(live) / len(ridx)
+                    loss=role_loss,
+                    grad_norm=pre / f if f > 0 else 0.0,
+                    grad_contrib_pre=pre,
+                    live_frac=len(live) / len(ridx),
                 )
+                if len(slot_grads) >= 2:  # parallel same-role calls (Voting, Orch-Workers), Eval-Opt rounds
+                    _finite(
+                        stats[role],
+                        slot_amplification=algos.slot_amplification(slot_grads),
+                        slot_cos=algos.mean_pairwise_cosine(slot_grads),
+                    )
+                del slot_grads
                 if live:  # entropy and clipping of the calls that were run (with nonzero advantage)
                     stats[role].update(entropy=sum(ent) / len(live), clip_frac=sum(clip) / len(live))
                 if gap_n:  # rollout-trainer agreement over the sampled tokens of those calls
                     stats[role]["logp_gap"] = gap / gap_n
                     self._warn_gap(role, gap / gap_n)
-                prev = flat
+                role_grads[role] = g_r
+                own[role] = (g_r, f)
                 total_loss += role_loss
             for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             policy_norms[policy] = prev.norm().item()
+            roles_of[policy] = list(role_grads)
             finite = finite and math.isfinite(policy_norms[policy])
+            if finite:
+                for role, v in algos.projection_shares(role_grads).items():
+                    _finite(stats[role], proj_share=v)
+                if len(role_grads) >= 2:  # SP: does a role pull with or against the rest of its policy?
+                    for role, g_r in role_grads.items():
+                        _finite(stats[role], cos_others=algos.cosine(g_r, prev - g_r))
+            del role_grads
         self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
         stats["all"]["nan_skipped"] = float(not finite)
         if not finite:
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
             return stats
+        for role, (g_r, f) in own.items():  # coherence: the role's own-loss gradient against its history
+            if f > 0:
+                ema = self.grad_ema.get(role)
+                ema, cos = algos.ema_update(
+                    None if ema is None else ema.to(g_r.device), g_r / f, g.grad_ema_window
+                )
+                if ema is not None:
+                    self.grad_ema[role] = ema
+                _finite(stats[role], ema_cos=cos)
+        del own
+        post = {}
         for policy in policy_norms:
+            c = algos.clip_coef(policy_norms[policy], g.max_grad_norm)
+            for role in roles_of[policy]:
+                post[role] = c * stats[role]["grad_contrib_pre"]
+                stats[role].update(clip_coef=c, grad_contrib_post=post[role])
             torch.nn.utils.clip_grad_norm_(self.params[policy], g.max_grad_norm)
             self.optimizers[policy].step()
             self.schedulers[policy].step()
             self.optimizers[policy].zero_grad(set_to_none=True)
         self.backend.on_update()
-        shares = algos.grad_shares({r: s["grad_norm"] for r, s in stats.items() if r != "all"})
-        for r, v in shares.items():
-            stats[r]["grad_share"] = v
+        for role, v in algos.grad_shares(post).items():  # shares of the applied (clipped) update
+            stats[role]["grad_share"] = v
         stats["all"].update(
             loss=total_loss,
             grad_norm=math.sqrt(sum(v * v for v in policy_norms.values())),
@@ -384,6 +453,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "generate_calls": self.backend.calls - calls_before,
             },
         )
+        self.last_step = {
+            "reward": sum(e.reward for e in episodes) / len(episodes),
+            "live": float((adv != 0).float().mean()) if len(adv) else 0.0,
+            "seconds": step_time,
+        }
 
     # ------------------------------------------------------------------ evaluation
 
@@ -406,6 +480,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         n = len(episodes)
         acc = sum(e.reward for e in episodes) / n
         values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
+        # Two fixed halves of the eval set (episodes follow eval_problems order): the analysis picks the peak
+        # step on one half and reads it on the other (peak_confirmed), so the max over evals is not rewarded.
+        half_a, half_b = [e.reward for e in episodes[0::2]], [e.reward for e in episodes[1::2]]
+        values.update(
+            accuracy_a=sum(half_a) / len(half_a),
+            n_eval_a=len(half_a),
+            accuracy_b=sum(half_b) / len(half_b) if half_b else math.nan,
+            n_eval_b=len(half_b),
+        )
         if cfg.workflow in ("voting", "orch_workers"):
             cands = [(e.problem, c) for e in episodes for c in e.info.get("candidates", [])]
             scores = self.task.score([p for p, _ in cands], [c for _, c in cands]) if cands else []
@@ -424,17 +507,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         for e in episodes:
             for c in e.calls:
                 by_role[c.role].append(c)
+        supervisor = SUPERVISOR.get(cfg.workflow, (None,))[0]
         for role, cs in by_role.items():
-            self.metric_rows += rows(
-                cfg.factors,
-                step,
-                "eval",
-                role,
-                {
-                    "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
-                    "completion_length": sum(len(c.completion_ids) for c in cs) / len(cs),
-                },
-            )
+            role_values = {
+                "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
+                "completion_length": sum(len(c.completion_ids) for c in cs) / len(cs),
+                "calls": len(cs),
+            }
+            if role == supervisor:  # capture evidence over every eval call, not the logged sample episodes
+                role_values["solution_marker_share"] = sum(
+                    solution_marker(cfg.workflow, c.text) for c in cs
+                ) / len(cs)
+            self.metric_rows += rows(cfg.factors, step, "eval", role, role_values)
         for k, e in enumerate(episodes[: cfg.samples_per_eval]):
             for c in e.calls:
                 self.sample_rows.append(
@@ -500,6 +584,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 },
                 "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
                 "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
+                "grad_ema": self.grad_ema,
                 "rng": {
                     "python": random.getstate(),
                     "numpy": np.random.get_state(),
@@ -535,6 +620,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if state["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.step, self.nan_streak = state["step"], state["nan_streak"]
+        self.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
         self.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
         self.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
         # The rollout engine still serves the adapters it started with: publish the restored ones, or the
@@ -550,6 +636,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         g = self.cfg.grpo
         if not self.restore():
             self.evaluate(0)
+        first, t_start = self.step, time.perf_counter()
         while self.step < g.steps:
             self.step += 1
             self.train_step(self.step)
@@ -557,4 +644,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self.evaluate(self.step)
             if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
                 self.save_checkpoint()
+            self._log_progress(first, t_start)
         return pd.DataFrame(self.metric_rows)
+
+    def _log_progress(self, first: int, t_start: float) -> None:
+        """One line per step for the job log: where the run is, how it learns, and when it will end."""
+        g, last = self.cfg.grpo, self.last_step
+        per_step = (time.perf_counter() - t_start) / (self.step - first)  # evals and checkpoints included
+        acc = [r["value"] for r in self.metric_rows if r["split"] == "eval" and r["role"] == "all"
+               and r["metric"] == "accuracy"]  # fmt: skip
+        log.info(
+            "step %d/%d  reward %.3f  live %.0f%%  %.1f s/step  ETA %s  last eval accuracy %s",
+            self.step, g.steps, last["reward"], 100 * last["live"], last["seconds"],
+            time.strftime("%H:%M:%S", time.gmtime(per_step * (g.steps - self.step))),
+            f"{acc[-1]:.3f}" if acc else "n/a",
+        )  # fmt: skip

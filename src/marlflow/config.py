@@ -66,6 +66,7 @@ BOUNDS = {
     "lora_alpha": {"minimum": 1, "maximum": 65_536},
     "max_nan_steps": {"minimum": 1, "maximum": 1_000_000},
     "grad_ema_window": {"minimum": 1, "maximum": 1_000_000},
+    "grad_metrics_every": {"minimum": 1, "maximum": 1_000_000},
     "seed": {"minimum": 0, "maximum": MAX_SEED},
     "threads": {"minimum": 1, "maximum": 1024},
     "eval_opt_rounds": {"minimum": 0, "maximum": 100},
@@ -186,6 +187,9 @@ class GRPOParams:
     max_nan_steps: consecutive non-finite steps (each skipped) after which the run stops.
     grad_ema_window: W of each role's gradient EMA (weight 1/W per step); the logged ema_cos, the cosine of
         a step's role gradient with that EMA, is the coherence signal (marlflow.analysis.definitions).
+    grad_metrics_every: steps between full gradient-metric steps (per-slot gradients, proj_share, cos_others,
+        slot_amplification / slot_cos, ema_cos); grad_norm, contributions, clip_coef and grad_share are
+        logged every step. The EMA advances on those steps only, so its window counts them (default 1: all).
     """
 
     steps: int = 500
@@ -212,6 +216,7 @@ class GRPOParams:
     lora_targets: str = "all-linear"
     max_nan_steps: int = 3
     grad_ema_window: int = 128
+    grad_metrics_every: int = 1
 
     def __post_init__(self):
         _check_fields(self, "grpo.")
@@ -250,6 +255,11 @@ class GRPOParams:
         _check(
             self.grad_ema_window >= 1,
             f"grpo.grad_ema_window must be >= 1 (steps), got {self.grad_ema_window}",
+        )
+        _check(
+            self.grad_metrics_every >= 1,
+            f"grpo.grad_metrics_every must be >= 1 (1 = gradient metrics at every step), got "
+            f"{self.grad_metrics_every}",
         )
 
 

@@ -250,13 +250,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params]
         )
 
-    def update(self, calls, adv: torch.Tensor) -> dict:
+    def update(self, calls, adv: torch.Tensor, metrics: bool = True) -> dict:
         """Per-policy backward with per-role and per-slot gradient accounting, per-policy clipping; optimizer
         steps.
 
         Returns per-role stats {role: {...}} and workflow stats under "all". If any loss or gradient is not
         finite, no parameter changes, the gradient EMAs stay as they were, and stats["all"]["nan_skipped"] == 1.
         The gradient metrics only read the gradients: the update is the policy's whole-batch TRL loss either way.
+        metrics=False (steps between grpo.grad_metrics_every) skips what needs more than one flat gradient per
+        role: per-slot gradients, proj_share, cos_others, slot_amplification / slot_cos and the EMA (ema_cos).
         """
         cfg, g = self.cfg, self.cfg.grpo
         stats: dict[str, dict] = defaultdict(dict)
@@ -305,9 +307,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                         role_loss += loss.item()
                     if not ok:
                         break
-                    flat = self._flat_grad(params)
-                    slot_grads.append(flat - prev)
-                    prev = flat
+                    if metrics:
+                        flat = self._flat_grad(params)
+                        slot_grads.append(flat - prev)
+                        prev = flat
+                if not metrics:
+                    prev = self._flat_grad(params)
                 g_r = prev - start  # = sum of its slots' gradients
                 # f_r: the role's share of the policy's loss normaliser over all its calls (zero-advantage
                 # ones included, as in the whole-batch loss); ||g_r|| / f_r is the norm of the role's own
@@ -334,16 +339,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 if gap_n:  # rollout-trainer agreement over the sampled tokens of those calls
                     stats[role]["logp_gap"] = gap / gap_n
                     self._warn_gap(role, gap / gap_n)
-                role_grads[role] = g_r
-                own[role] = (g_r, f)
+                roles_of.setdefault(policy, []).append(role)
+                if metrics:
+                    role_grads[role] = g_r
+                    own[role] = (g_r, f)
                 total_loss += role_loss
             for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             policy_norms[policy] = prev.norm().item()
-            roles_of[policy] = list(role_grads)
             finite = finite and math.isfinite(policy_norms[policy])
-            if finite:
+            if finite and metrics:
                 for role, v in algos.projection_shares(role_grads).items():
                     _finite(stats[role], proj_share=v)
                 if len(role_grads) >= 2:  # SP: does a role pull with or against the rest of its policy?
@@ -404,7 +410,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         episodes = rollout(self.cfg, self.task, self.problems_for(step), ctx, self.cfg.grpo.group_size)
         calls, r, adv, index, std = self.flatten(episodes)
         t1 = time.perf_counter()
-        stats = self.update(calls, adv)
+        stats = self.update(calls, adv, metrics=step % self.cfg.grpo.grad_metrics_every == 0)
         t_backward = time.perf_counter() - t1
         if stats["all"]["nan_skipped"]:
             self.nan_streak += 1

@@ -121,7 +121,7 @@ def prepare(
         from marlflow import toybuild
 
         defaults = {"steps": toybuild.STEPS, "solve_steps": toybuild.SOLVE_STEPS, "batch_size": toybuild.BATCH_SIZE,
-                    "lr": toybuild.LR, "threads": toybuild.THREADS}  # fmt: skip
+                    "lr": toybuild.LR, "threads": toybuild.THREADS, "bf16": False}  # fmt: skip
         unknown = sorted(set(toy) - set(defaults))
         if unknown:
             raise TypeError(f"prepare: unknown toy build setting(s) {unknown}; known: {sorted(defaults)}")
@@ -281,7 +281,7 @@ def main(argv=None) -> None:
         p.add_argument("--out", required=True, type=Path)
         toybuild.add_arguments(p)  # the toy build's options; other scales ignore them
     args = ap.parse_args(argv)
-    settings = {k: getattr(args, k) for k in ("steps", "solve_steps", "batch_size", "lr", "threads")}
+    settings = {k: getattr(args, k) for k in ("steps", "solve_steps", "batch_size", "lr", "threads", "bf16")}
     if args.cmd == "build-toy":
         info = toybuild.build_toy(args.out, seed=args.seed, eval_n=args.eval_n, **settings)
     else:

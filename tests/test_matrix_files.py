@@ -83,7 +83,11 @@ CASES = {
     "lr_inf": (sub("learning_rate: 2.0e-3", "learning_rate: .inf"),
                ["presets.toy.grpo.learning_rate", "inf", "finite"]),
     "beta_nan": (sub(TOY_GRPO, TOY_GRPO + "      beta: .nan\n"), ["presets.toy.grpo.beta", "nan", "finite"]),
-    "beta_nonzero": (sub(TOY_GRPO, TOY_GRPO + "      beta: 0.04\n"), ["grpo.beta is 0.04", "KL", "beta: 0.0"]),
+    "beta_negative": (sub(TOY_GRPO, TOY_GRPO + "      beta: -0.04\n"), ["presets.toy.grpo.beta", "-0.04", ">= 0"]),
+    "intervention_undefined": (
+        sub("intervention: [none]", "intervention: [none, coh]"),
+        ["presets.toy.axes.intervention", "'coh'", "not defined", "kind: coherence"],
+    ),
     "negative_length": (sub("max_completion_length: 24", "max_completion_length: -24"),
                         ["presets.toy.grpo.max_completion_length", ">= 1"]),
     "negative_warmup": (sub("warmup_steps: 5", "warmup_steps: -5"), ["presets.toy.grpo.warmup_steps", ">= 0"]),

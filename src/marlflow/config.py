@@ -22,7 +22,19 @@ TASK_AXIS = ("math", "code")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
 DEVICES = ("cpu", "cuda", "auto")
-INTERVENTIONS = ("none",)
+# Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
+# `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
+# fills in defaults. Type "roles" is a mapping role type -> number within the bounds.
+INTERVENTION_KINDS = {
+    "none": {},
+    "kl_anchor": {"beta": ("roles", {"minimum": 0, "maximum": 100}, None)},  # I1
+    "coherence": {  # I6 (paper defaults: window 128, lam <= 0.3)
+        "lam": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.3),
+        "window": ("int", {"minimum": 1, "maximum": 1_000_000}, 128),
+    },
+    "same_role_norm": {},
+    "mass_balance": {"cap": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.6)},
+}
 # transformers.get_scheduler names that work with (optimizer, warmup, steps) alone and step() without a
 # metric; cosine_with_min_lr, warmup_stable_decay (extra kwargs) and reduce_lr_on_plateau (a metric) do not.
 LR_SCHEDULERS = (
@@ -175,7 +187,8 @@ class GRPOParams:
     group_size: workflow rollouts per problem, G (paper 8); GRPO needs at least 2.
     learning_rate / warmup_steps / lr_scheduler: paper 2e-5, 15 warm-up, cosine.
     epsilon / epsilon_high: PPO clip range low/high (clip-higher; paper 0.2 / 0.28).
-    beta: KL coefficient (paper: no KL, 0.0).
+    beta: KL coefficient of every role's loss, k3 estimate against the base model (the adapter disabled);
+        paper: no KL, 0.0. With beta > 0 zero-advantage calls are run too (their KL term has a gradient).
     loss_type: TRL loss aggregation; "grpo" is the paper's seq-mean-token-mean.
     temperature / top_p: rollout sampling (paper 0.7 / 1.0).
     eval_temperature: 0 = greedy evaluation; >0 samples with a fixed seed (paper 0.7).
@@ -220,11 +233,6 @@ class GRPOParams:
 
     def __post_init__(self):
         _check_fields(self, "grpo.")
-        _check(
-            self.beta == 0,
-            f"grpo.beta is {self.beta}; a KL penalty is not supported yet (the paper's main runs use none, "
-            "docs/paper-setup.md section 9; a per-role KL anchor is a planned intervention): set grpo.beta: 0.0",
-        )
         _check(self.steps >= 1, f"grpo.steps must be >= 1, got {self.steps}")
         _check(
             self.problems_per_step >= 1, f"grpo.problems_per_step must be >= 1, got {self.problems_per_step}"
@@ -263,6 +271,59 @@ class GRPOParams:
         )
 
 
+def check_intervention(cfg) -> dict:
+    """cfg.intervention_spec checked against INTERVENTION_KINDS and cfg's workflow and sharing, with defaults
+    filled in. The name `cfg.intervention` is 'none' exactly when the kind is."""
+    name, spec = cfg.intervention, cfg.intervention_spec
+    where = f"intervention {name!r}"
+    _check(isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha() and name.islower(),
+           f"{where}: a name is lower-case letters, digits and '_', starting with a letter")  # fmt: skip
+    _check(
+        isinstance(spec, dict), f"{where}: its definition must be a mapping with a kind, not {_short(spec)}"
+    )
+    kind = spec.get("kind")
+    _check(kind in INTERVENTION_KINDS, f"{where}: kind {_short(kind)} is unknown; kinds: "
+           f"{', '.join(k for k in INTERVENTION_KINDS if k != 'none')}")  # fmt: skip
+    _check((name == "none") == (kind == "none"),
+           f"{where} has kind {kind!r}: the name 'none' is reserved for no intervention, and only for it")  # fmt: skip
+    params = INTERVENTION_KINDS[kind]
+    unknown = sorted(set(spec) - {"kind", *params})
+    _check(not unknown, f"{where} ({kind}): {unknown[0] if unknown else ''!s} is not a parameter; "
+           f"allowed: {', '.join(params) or 'none'}")  # fmt: skip
+    out = {"kind": kind}
+    for p, (typ, bounds, default) in params.items():
+        v = spec.get(p, default)
+        _check(v is not None, f"{where} ({kind}): {p} is required")
+        values = v if typ == "roles" else {p: v}
+        if typ == "roles":
+            _check(isinstance(v, dict) and v, f"{where} ({kind}): {p} must map role types to numbers, "
+                   f"e.g. {{aggregator: 0.05}}, not {_short(v)}")  # fmt: skip
+            roles = {r for rs in ROLE_TYPES.values() for r in rs}
+            bad = sorted(set(v) - roles)
+            _check(not bad, f"{where} ({kind}): {bad[0] if bad else ''} is not a role type; role types: "
+                   f"{', '.join(sorted(roles))}")  # fmt: skip
+        for k, x in values.items():
+            ok = isinstance(x, int) and not isinstance(x, bool) if typ == "int" else (
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x))  # fmt: skip
+            lo = bounds.get("minimum", bounds.get("exclusiveMinimum"))
+            hi = bounds.get("maximum", bounds.get("exclusiveMaximum"))
+            inside = ok and (x >= lo if "minimum" in bounds else x > lo) and (
+                x <= hi if "maximum" in bounds else x < hi)  # fmt: skip
+            rng = (
+                f"{'>=' if 'minimum' in bounds else '>'} {lo} and {'<=' if 'maximum' in bounds else '<'} {hi}"
+            )
+            _check(inside, f"{where} ({kind}): {p}{'.' + k if typ == 'roles' else ''} is {_short(x)}; it must "
+                   f"be {'an integer' if typ == 'int' else 'a number'} {rng}")  # fmt: skip
+        out[p] = v
+    _check(not (kind == "mass_balance" and cfg.sharing != "sp"),
+           f"{where} (mass_balance) acts on the roles sharing one adapter, so it needs sharing sp; under ip each "
+           "adapter has one role. Exclude it for ip cells (presets.<name>.exclude)")  # fmt: skip
+    _check(not (kind == "same_role_norm" and cfg.workflow not in ("voting", "orch_workers")),
+           f"{where} (same_role_norm) needs parallel same-role calls (voting, orch_workers); workflow "
+           f"{cfg.workflow!r} has none")  # fmt: skip
+    return out
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One cell of the matrix: factors, model, task and GRPO settings.
@@ -274,6 +335,8 @@ class RunConfig:
     threads: torch intra-op threads for this job (CPU).
     eval_opt_rounds: generator calls at most in Eval-Opt; 0 = paper default (3 math, 2 code).
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
+    intervention / intervention_spec: the intervention's name (an axis value, in the run id unless 'none') and
+        its definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions).
     micro_batch_size: role calls per forward/backward chunk (0 = a role's whole sub-batch at once).
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
     vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
@@ -289,6 +352,7 @@ class RunConfig:
     task: TaskSpec
     model: str
     intervention: str = "none"
+    intervention_spec: dict = field(default_factory=lambda: {"kind": "none"})
     preset: str = "toy"
     grpo: GRPOParams = field(default_factory=GRPOParams)
     backend: str = "hf"
@@ -318,10 +382,7 @@ class RunConfig:
         _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
         _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
         _check(self.device in DEVICES, f"device {self.device!r}: use cpu, cuda or auto")
-        _check(
-            self.intervention in INTERVENTIONS,
-            f"intervention {self.intervention!r}: use one of {INTERVENTIONS}",
-        )
+        object.__setattr__(self, "intervention_spec", check_intervention(self))
         _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = whole role sub-batch)")
         _check(self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0 = keep all)")
         _check(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization must be in (0, 1)")

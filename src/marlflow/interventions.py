@@ -10,7 +10,6 @@ kind and its parameters, and the run id gets `-<name>` (marlflow.matrix.run_id):
       coh:      {kind: coherence, lam: 0.3, window: 128}         # I6: coherence regulariser
       srn:      {kind: same_role_norm}                           # parallel same-role slots weigh as one call
       mb:       {kind: mass_balance, cap: 0.6}                   # SP: no role's projection share above cap
-      guard:    {kind: cliff_guard, lr_factor: 0.5, max_restores: 2}
 
 Kinds, parameters and their ranges are in marlflow.config.INTERVENTION_KINDS (validated when a RunConfig is
 built). The trainer (marlflow.trainer.MultiAgentGRPOTrainer.update) applies them at one place:
@@ -22,7 +21,7 @@ built). The trainer (marlflow.trainer.MultiAgentGRPOTrainer.update) applies them
   returns one factor per role; the policy's gradient becomes sum_r scale_r * g_r.
 
 Gradient functions are pure (flat (D,) tensors or an (n, n) Gram matrix in, numbers out); the only state is
-I6's per-role EMA and the cliff guard's record, both in `State`, which the trainer checkpoints.
+I6's per-role EMA, in `State`, which the trainer checkpoints.
 """
 
 from __future__ import annotations
@@ -149,18 +148,15 @@ def mass_balance_scales(G: torch.Tensor, cap: float, tol: float = 1e-6, rounds: 
 class State:
     """What an intervention remembers across steps; checkpointed with the optimizers.
 
-    ema: role -> I6's EMA of the role's own-loss gradient (flat, fp32). guard: the cliff guard's record
-    (restores done, events as dicts)."""
+    ema: role -> I6's EMA of the role's own-loss gradient (flat, fp32)."""
 
     ema: dict[str, torch.Tensor] = field(default_factory=dict)
-    guard: dict = field(default_factory=lambda: {"restores": 0, "events": []})
 
     def state_dict(self) -> dict:
-        return {"ema": {r: e.detach().cpu().clone() for r, e in self.ema.items()}, "guard": dict(self.guard)}
+        return {"ema": {r: e.detach().cpu().clone() for r, e in self.ema.items()}}
 
     def load_state_dict(self, sd: dict) -> None:
         self.ema = dict(sd.get("ema", {}))
-        self.guard = dict(sd.get("guard", {"restores": 0, "events": []}))
 
 
 def role_scales(

@@ -17,6 +17,10 @@ Every failure is a MatrixError: one paragraph of at most MAX_MESSAGE characters,
 
     from marlflow.matrix import run_sheet
     sheet = run_sheet("matrix.yaml", preset="toy", overrides={"workflow": ["voting"]})
+
+Interventions (marlflow.interventions) are axis values too: `intervention: [none, coh]` with the name `coh`
+defined in the preset's `interventions:` block (`coh: {kind: coherence, lam: 0.3, window: 128}`); the
+run id gets `-coh` and the run config carries the definition as `intervention_spec`.
     RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
 """
 
@@ -68,6 +72,7 @@ NOT_RUN_LEVEL = {
     "task",
     "model",
     "intervention",
+    "intervention_spec",
 }
 NOT_RUN_LEVEL |= {"preset", "grpo"}
 JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "object"}
@@ -105,9 +110,9 @@ def schema() -> dict:
         ("sharing", C.SHARINGS),
         ("scale", C.SCALES),
         ("task_axis", C.TASK_AXIS),
-        ("intervention", C.INTERVENTIONS),
     ]:
         d[name]["enum"] = list(values)
+    d["intervention_def"]["properties"]["kind"]["enum"] = list(C.INTERVENTION_KINDS)
     d["task"]["properties"] = _fields_schema(TaskSpec)
     d["grpo"]["properties"] = _fields_schema(GRPOParams)
     d["run"]["properties"] = _fields_schema(RunConfig, skip=NOT_RUN_LEVEL)
@@ -423,6 +428,19 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
             _fail(f"{name}: presets.{preset}.axes.{axis}", "is missing; list the values to run.")
     out["axes"].setdefault("seed", [0])
     out["axes"].setdefault("intervention", ["none"])
+    defined = out.setdefault("interventions", {})
+    if "none" in defined:
+        _fail(
+            f"{name}: presets.{preset}.interventions.none", "'none' means no intervention; pick another name."
+        )
+    for v in out["axes"]["intervention"]:
+        if v != "none" and v not in defined:
+            _fail(
+                f"{name}: presets.{preset}.axes.intervention",
+                f"lists {v!r}, which is not defined under presets.{preset}.interventions.{_did_you_mean(v, defined)} "
+                f"Define it there (e.g. `{v}: {{kind: coherence, lam: 0.3, window: 128}}`; kinds: "
+                f"{', '.join(C.INTERVENTION_KINDS)}) or use one of: {', '.join(['none', *defined])}.",
+            )
     for axis, table in (("task", "tasks"), ("scale", "models")):
         for v in out["axes"][axis]:
             if v not in out[table]:
@@ -451,15 +469,16 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
     return out
 
 
-def _apply_overrides(axes: dict, overrides: dict) -> dict:
-    """Restrict or replace axes from the command line, e.g. {"workflows": ["voting"], "seed": "1"}."""
+def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> dict:
+    """Restrict or replace axes from the command line, e.g. {"workflows": ["voting"], "seed": "1"}.
+    interventions: the intervention names the preset defines ("none" included)."""
     axes = dict(axes)
     allowed = {
         "workflow": C.WORKFLOWS,
         "sharing": C.SHARINGS,
         "scale": C.SCALES,
         "task": C.TASK_AXIS,
-        "intervention": C.INTERVENTIONS,
+        "intervention": tuple(interventions),
     }
     for key, val in (overrides or {}).items():
         axis = ALIASES.get(key, key)
@@ -516,7 +535,7 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
     if preset not in doc["presets"]:
         _fail(f"{name}: preset", _unknown_preset(preset, doc))
     p = resolve_preset(doc, preset, name)
-    axes = _apply_overrides(p["axes"], overrides)
+    axes = _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
     for axis in ("scale", "task"):
         table = {"scale": "models", "task": "tasks"}[axis]
         for v in axes[axis]:
@@ -547,6 +566,7 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
                 task_axis=tk,
                 seed=seed,
                 intervention=iv,
+                intervention_spec=dict(p["interventions"][iv]) if iv != "none" else {"kind": "none"},
                 preset=preset,
                 task=TaskSpec(**p["tasks"][tk]),
                 model=p["models"][sc],

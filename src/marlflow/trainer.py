@@ -11,6 +11,7 @@ that one step reads top to bottom:
     for policy in policies:                                  # SP: "shared"; IP: one adapter per role type
         for role routed to it:  for slot of the role:  loss = TRL _compute_loss(slot calls) * weight; backward
                                 g_r = the gradient the role added (sum of its slots' parts)
+        intervention hook: g = sum_r scale_r * g_r (marlflow.interventions.role_scales; KL acts on the loss)
         clip this policy's gradient; step this policy's own AdamW and scheduler
     evaluate every eval_every steps; checkpoint every save_every steps
 
@@ -43,6 +44,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
 from marlflow import algos
+from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.generation import ChatEncoder, Sampling, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, rows, write_metrics
@@ -78,7 +80,11 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
         num_generations=g.group_size,
         max_completion_length=g.max_completion_length,
         learning_rate=g.learning_rate,
-        beta=g.beta,
+        # The KL term is computed per role (grpo.beta, or an I1 per-role beta) with reference log-probs
+        # that `update` supplies from the base model (adapter disabled); TRL's own reference setup assumes an
+        # adapter named "default" (ours are named after roles), so TRL is built with beta 0 and `update`
+        # sets `self.beta` for each role's sub-batch.
+        beta=0.0,
         loss_type=g.loss_type,
         epsilon=g.epsilon,
         epsilon_high=g.epsilon_high,
@@ -163,6 +169,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # role -> EMA of its own-loss gradient (flat, fp32, on the adapter's device); checkpointed, so a
         # resumed run logs the same ema_cos as an uninterrupted one.
         self.grad_ema: dict[str, torch.Tensor] = {}
+        self.itv = itv.State()  # the intervention's state (I6's EMA); checkpointed
 
     # ------------------------------------------------------------------ data
 
@@ -245,6 +252,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             "num_items_in_batch": torch.tensor(float(num_items), device=device),
         }
 
+    @torch.no_grad()
+    def _ref_logps(self, inputs: dict) -> torch.Tensor:
+        """(B, T) log-probabilities of the completion tokens under the base model: every adapter disabled."""
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with self.model.disable_adapter():
+            logps, _, _ = super()._get_per_token_logps_and_entropies(
+                self.model, ids, mask, inputs["completion_ids"].size(1)
+            )
+        return logps.detach()
+
+    def _set_flat_grad(self, params, flat: torch.Tensor) -> None:
+        i = 0
+        for p in params:
+            p.grad = flat[i : i + p.numel()].view_as(p).to(p.dtype).clone()
+            i += p.numel()
+
     def _flat_grad(self, params) -> torch.Tensor:
         return torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params]
@@ -266,6 +290,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         roles_of: dict[str, list[str]] = {}
         own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r), for the EMA once all is finite
         mb = cfg.micro_batch_size or len(calls)
+        active = cfg.intervention_spec["kind"] != "none"
+        itv_own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r) for the intervention
         for policy in cfg.policies:
             idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
             if not idx:
@@ -278,14 +304,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             tok_pol = sum(len(calls[i].completion_ids) for i in idx)
             prev = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
             role_grads: dict[str, torch.Tensor] = {}
+            role_slots: dict[str, list[str]] = {}
             for role in dict.fromkeys(calls[i].role for i in idx):
                 ridx = [i for i in idx if calls[i].role == role]
-                role_loss, ent, clip, gap, gap_n = 0.0, [], [], 0.0, 0
+                role_slots[role] = list(dict.fromkeys(calls[i].slot for i in ridx))
+                role_loss, ent, clip, gap, gap_n, kl = 0.0, [], [], 0.0, 0, []
+                beta = itv.role_beta(cfg.intervention_spec, role, g.beta)
                 # A call with zero advantage adds exactly nothing to the GRPO loss (no KL term is used with
                 # beta=0, the default everywhere here), so it is not run; the weights below are computed on
                 # the calls that are, which keeps every loss type's normalisation exact. A slot (or a whole
                 # role) whose calls all have zero advantage therefore has no gradient this step.
-                live = [i for i in ridx if adv[i] != 0] if g.beta == 0 else ridx
+                # With a KL term (beta > 0) every call has a gradient, so all of them run.
+                live = [i for i in ridx if adv[i] != 0] if beta == 0 else ridx
                 start, slot_grads, ok = prev, [], True
                 for slot_pieces in _pieces(live, calls, mb):
                     for piece in slot_pieces:
@@ -293,7 +323,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                         tok = sum(len(c.completion_ids) for c in pcalls)
                         inputs = self.collate(pcalls, adv[piece], tok_pol)
                         w = algos.role_loss_weight(g.loss_type, len(piece), n_pol, tok, tok_pol)
-                        loss = self._compute_loss(self.model, inputs) * w
+                        if beta:
+                            inputs["ref_per_token_logps"] = self._ref_logps(inputs)
+                        self.beta = beta  # read by TRL's _compute_loss
+                        try:
+                            loss = self._compute_loss(self.model, inputs) * w
+                        finally:
+                            self.beta = 0.0
+                        if beta:
+                            kl.append(self._metrics["train"]["kl"].pop() * len(piece))
                         piece_gap, piece_n = self._logp_gap(pcalls)
                         gap, gap_n = gap + piece_gap, gap_n + piece_n
                         ent.append(self._metrics["train"]["entropy"].pop() * len(piece))
@@ -336,17 +374,35 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 del slot_grads
                 if live:  # entropy and clipping of the calls that were run (with nonzero advantage)
                     stats[role].update(entropy=sum(ent) / len(live), clip_frac=sum(clip) / len(live))
+                if kl:  # k3 KL to the base model, mean over the role's calls
+                    stats[role]["kl"] = sum(kl) / len(live)
                 if gap_n:  # rollout-trainer agreement over the sampled tokens of those calls
                     stats[role]["logp_gap"] = gap / gap_n
                     self._warn_gap(role, gap / gap_n)
                 roles_of.setdefault(policy, []).append(role)
-                if metrics:
+                if metrics or active:
                     role_grads[role] = g_r
+                if metrics:
                     own[role] = (g_r, f)
+                if active:
+                    itv_own[role] = (g_r, f)
                 total_loss += role_loss
             for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+            raw = prev
+            if finite and active:
+                # The intervention hook: after every role's backward, before clipping. The metrics above
+                # describe the raw role gradients; itv_scale says what the intervention did with them.
+                scales = itv.role_scales(
+                    cfg.intervention_spec, self.itv, cfg.workflow, role_grads,
+                    {r: itv_own[r][1] for r in role_grads}, role_slots,
+                )  # fmt: skip
+                for role, sc in scales.items():
+                    stats[role]["itv_scale"] = sc
+                if any(sc != 1.0 for sc in scales.values()):
+                    prev = torch.stack([scales[r] * g_r for r, g_r in role_grads.items()]).sum(0)
+                    self._set_flat_grad(params, prev)
             policy_norms[policy] = prev.norm().item()
             finite = finite and math.isfinite(policy_norms[policy])
             if finite and metrics:
@@ -354,7 +410,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     _finite(stats[role], proj_share=v)
                 if len(role_grads) >= 2:  # SP: does a role pull with or against the rest of its policy?
                     for role, g_r in role_grads.items():
-                        _finite(stats[role], cos_others=algos.cosine(g_r, prev - g_r))
+                        _finite(stats[role], cos_others=algos.cosine(g_r, raw - g_r))
             del role_grads
         self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
         stats["all"]["nan_skipped"] = float(not finite)
@@ -371,12 +427,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 if ema is not None:
                     self.grad_ema[role] = ema
                 _finite(stats[role], ema_cos=cos)
-        del own
+        itv.commit(cfg.intervention_spec, self.itv, {r: v[0] for r, v in itv_own.items()},
+                   {r: v[1] for r, v in itv_own.items()})  # fmt: skip
+        del own, itv_own
         post = {}
         for policy in policy_norms:
             c = algos.clip_coef(policy_norms[policy], g.max_grad_norm)
             for role in roles_of[policy]:
-                post[role] = c * stats[role]["grad_contrib_pre"]
+                post[role] = c * stats[role].get("itv_scale", 1.0) * stats[role]["grad_contrib_pre"]
                 stats[role].update(clip_coef=c, grad_contrib_post=post[role])
             torch.nn.utils.clip_grad_norm_(self.params[policy], g.max_grad_norm)
             self.optimizers[policy].step()
@@ -591,6 +649,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
                 "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
                 "grad_ema": self.grad_ema,
+                "interventions": self.itv.state_dict(),
                 "rng": {
                     "python": random.getstate(),
                     "numpy": np.random.get_state(),
@@ -627,6 +686,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.step, self.nan_streak = state["step"], state["nan_streak"]
         self.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
+        self.itv.load_state_dict(state.get("interventions", {}))
         self.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
         self.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
         # The rollout engine still serves the adapters it started with: publish the restored ones, or the

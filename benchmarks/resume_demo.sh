@@ -23,7 +23,7 @@ done
 if [ -n "${MODEL_DIR:-}" ]; then
     mkdir -p "$work/uninterrupted/results/models" && cp -r "$MODEL_DIR" "$work/uninterrupted/results/models/toy"
 else
-    (cd "$work/uninterrupted" && "${snake[@]}" results/models/toy/READY >/dev/null 2>&1)
+    (cd "$work/uninterrupted" && "${snake[@]}" results/models/toy >/dev/null 2>&1)
 fi
 cp -r "$work/uninterrupted/results/models" "$work/interrupted/results/"
 touch "$work/interrupted/results/models/toy/READY"

@@ -34,6 +34,7 @@ setup-vllm: $(VLLM_STAMP)
 
 run: $(STAMP)
 	$(BIN)/snakemake --profile profiles/local
+	@echo "report: $(CURDIR)/results/report.html (one page per run in results/report/; tables in results/tables/)"
 
 # Everything the tests use: the vLLM CPU build and SmolLM2 (tests/test_vllm.py, tests/test_smol.py).
 test: $(VLLM_STAMP) $(SMOL_MODEL)/READY

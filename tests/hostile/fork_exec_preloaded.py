@@ -7,8 +7,32 @@ import sys
 mod = sys.modules.get("_posixsubprocess")
 if mod is None:
     import subprocess
+
     mod = subprocess._posixsubprocess
-mod.fork_exec([b"/bin/true"], [b"/bin/true"], True, (), None, None, -1, -1, -1, -1, -1, -1, -1, -1, False, False, None, None, None, -1, None, False)
+mod.fork_exec(
+    [b"/bin/true"],
+    [b"/bin/true"],
+    True,
+    (),
+    None,
+    None,
+    -1,
+    -1,
+    -1,
+    -1,
+    -1,
+    -1,
+    -1,
+    -1,
+    False,
+    False,
+    None,
+    None,
+    None,
+    -1,
+    None,
+    False,
+)
 
 
 def solve():

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
-import time
 
 import pytest
 import torch
-from test_resume import _adapters, _metrics, _train
+from test_resume import kill_and_resume
 from transformers import AutoModelForCausalLM
 
 from marlflow import interventions as I
@@ -124,28 +121,6 @@ def test_bad_intervention_definitions_are_refused(make_cfg):
 def test_sigkill_then_resume_equals_uninterrupted_with_coherence_state(make_cfg, tmp_path):
     cfg = _with(make_cfg("voting", "sp", task="parity", steps=4, save_every=1, eval_every=2), "coh",
                 kind="coherence", lam=0.3, window=2)  # fmt: skip
-    cfg_path = tmp_path / "config.json"
-    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
-    ref = tmp_path / "uninterrupted"
-    p = _train(cfg_path, ref)
-    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
-    run = tmp_path / "killed"
-    p = _train(cfg_path, run)
-    deadline = time.time() + 300
-    while not (run / "checkpoints" / "step-2" / "COMPLETE").exists():
-        assert p.poll() is None and time.time() < deadline, "run ended before it could be killed"
-        time.sleep(0.05)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    p = _train(cfg_path, run)
-    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
-    m = _metrics(run)
+    _, m = kill_and_resume(cfg, tmp_path)
     scales = m[m.metric == "itv_scale"]
     assert (scales[scales.step >= 2].value < 1).any()  # the EMA exists and acts after the first step
-    import pandas as pd
-
-    pd.testing.assert_frame_equal(_metrics(ref), m)
-    a, b = _adapters(ref), _adapters(run)
-    for f in a:
-        for k in a[f]:
-            assert torch.equal(a[f][k], b[f][k]), k

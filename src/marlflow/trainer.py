@@ -195,15 +195,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
         `self._last_logps` (B, T) is the trainer's per-token log-probabilities of the piece just computed;
         call i's rollout log-probabilities cover its first len(completion_ids) positions."""
-        total, n = 0.0, 0
-        for i, c in enumerate(pcalls):
-            if c.rollout_logps is None or not c.completion_ids:
-                continue
-            k = len(c.rollout_logps)
-            ours = self._last_logps[i, :k].float().cpu()
-            total += (ours - torch.tensor(c.rollout_logps)).abs().sum().item()
-            n += k
-        return total, n
+        ref = [c.rollout_logps if c.rollout_logps is not None and c.completion_ids else [] for c in pcalls]
+        n = sum(len(r) for r in ref)
+        if not n:
+            return 0.0, 0
+        # One padded tensor and one device sync per piece, not one per call.
+        rollout = pad([torch.tensor(r, dtype=torch.float32) for r in ref], 0.0, padding_side="right")
+        mask = pad([torch.ones(len(r)) for r in ref], 0.0, padding_side="right")
+        ours = self._last_logps[:, : rollout.size(1)].float()
+        gap = ((ours - rollout.to(ours.device)).abs() * mask.to(ours.device)).sum().item()
+        return gap, n
 
     # ------------------------------------------------------------------ one training step
 
@@ -700,14 +701,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def fit(self) -> pd.DataFrame:
         """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table."""
         g = self.cfg.grpo
-        if not self.restore():
-            self.evaluate(0)
+        if self.restore():  # the newest eval accuracy among the restored rows, read once
+            accs = [r["value"] for r in self.metric_rows if r["split"] == "eval" and r["role"] == "all"
+                    and r["metric"] == "accuracy"]  # fmt: skip
+            self.last_acc = accs[-1] if accs else None
+        else:
+            self.last_acc = self.evaluate(0)
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps:
             self.step += 1
             self.train_step(self.step)
             if self.step % g.eval_every == 0 or self.step == g.steps:
-                self.evaluate(self.step)
+                self.last_acc = self.evaluate(self.step)
             if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
                 self.save_checkpoint()
             self._log_progress(first, t_start)
@@ -717,11 +722,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """One line per step for the job log: where the run is, how it learns, and when it will end."""
         g, last = self.cfg.grpo, self.last_step
         per_step = (time.perf_counter() - t_start) / (self.step - first)  # evals and checkpoints included
-        acc = [r["value"] for r in self.metric_rows if r["split"] == "eval" and r["role"] == "all"
-               and r["metric"] == "accuracy"]  # fmt: skip
         log.info(
             "step %d/%d  reward %.3f  live %.0f%%  %.1f s/step  ETA %s  last eval accuracy %s",
             self.step, g.steps, last["reward"], 100 * last["live"], last["seconds"],
             time.strftime("%H:%M:%S", time.gmtime(per_step * (g.steps - self.step))),
-            f"{acc[-1]:.3f}" if acc else "n/a",
+            "n/a" if self.last_acc is None else f"{self.last_acc:.3f}",
         )  # fmt: skip

@@ -1,13 +1,22 @@
-"""`python tests/parity_train.py --config C --out D`: marlflow.train with the test-only `parity` task.
+"""`python tests/parity_train.py --config C --out D`: marlflow.train with the test-only `parity` and `drift`
+tasks.
 
 The parity task (reward = output length is odd) gives every GRPO group reward variance even on a barely
 trained model, so subprocess tests of resume and kills exercise real, non-zero updates.
+
+The drift task trains on parity too, but scores a test problem 1 only while the workflow's output is the one
+it gave at its first evaluation (recorded in <out>/drift_base.json, so a resumed run reads the same record):
+eval accuracy starts at 1 and falls as soon as training changes what the workflow says, a certain cliff for
+cliff_guard's tests, and it comes back to 1 when the first eval's weights are restored.
 """
 
+import json
+import os
 import sys
+from pathlib import Path
 
 from marlflow.tasks import register
-from marlflow.tasks.toy import ToyMath
+from marlflow.tasks.toy import ToyMath, _is_test
 
 
 @register("parity")
@@ -18,7 +27,28 @@ class Parity(ToyMath):
         return [float(len(o) % 2) for o in outputs]
 
 
+@register("drift")
+class Drift(ToyMath):
+    name = "drift"
+    record: Path | None = None  # set from --out below (or by an in-process test)
+
+    def score(self, problems, outputs):
+        test = [_is_test(p.prompt) for p in problems]
+        if not any(test):
+            return [float(len(o) % 2) for o in outputs]
+        if not self.record.exists():  # the first eval: the workflow's final outputs are the reference
+            tmp = self.record.with_suffix(".tmp")
+            tmp.write_text(json.dumps({p.uid: o for p, o in zip(problems, outputs)}))
+            os.replace(tmp, self.record)
+        base = json.loads(self.record.read_text())
+        return [
+            float(base.get(p.uid) == o) if t else float(len(o) % 2)
+            for p, o, t in zip(problems, outputs, test)
+        ]
+
+
 if __name__ == "__main__":
     from marlflow.train import main
 
+    Drift.record = Path(sys.argv[sys.argv.index("--out") + 1]) / "drift_base.json"
     sys.exit(main())

@@ -1,13 +1,17 @@
-"""Unit tests of marlflow.interventions on toy tensors: the KL estimate, I6, same_role_norm, mass_balance."""
+"""Unit tests of marlflow.interventions on toy tensors: the KL estimate, I6, same_role_norm, mass_balance, and
+cliff_guard's decision on simulated eval curves."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from marlflow import interventions as I
+from marlflow.analysis.definitions import ALPHA, TERMINAL_WINDOW
+from marlflow.config import INTERVENTION_KINDS
 
 
 def test_k3_matches_an_independent_kl_computation():
@@ -111,3 +115,93 @@ def test_mass_balance_leaves_balanced_roles_alone():
     spec = {"kind": "mass_balance", "cap": 0.6}
     s = I.role_scales(spec, I.State(), "voting", {"generator": grads[0], "aggregator": grads[1]}, {}, {})
     assert s == {"generator": 1.0, "aggregator": 1.0}
+
+
+# ---------------------------------------------------------------- cliff_guard
+
+GUARD = {"kind": "cliff_guard", "max_restores": 2, "lr_factor": 0.5, "window": 3, "alpha": 0.04}
+
+
+def _curve(accs, n=200):
+    return [(10 * k, a, n) for k, a in enumerate(accs)]
+
+
+def _online(accs, n, spec=GUARD, looks=None):
+    """The trainer's use of the guard on one curve, without weights: the steps at which it restores."""
+    st, fired = I.State(), []
+    for step, acc, m in _curve(accs, n):
+        if I.guard_observe(st, step, acc, m):
+            st.best = {"step": step, "acc": acc, "n": m}
+            continue
+        if I.guard_check(st.evals, st.restores, spec, looks or len(accs) - 1)["fire"]:
+            fired.append(step)
+            st.restores += 1
+            st.evals = [(st.best["step"], st.best["acc"], st.best["n"])]
+    return fired
+
+
+def test_guard_defaults_are_the_analysis_constants():
+    params = INTERVENTION_KINDS["cliff_guard"]
+    assert params["window"][2] == TERMINAL_WINDOW and params["alpha"][2] == ALPHA
+
+
+def test_guard_fires_on_a_clear_late_drop_and_respects_max_restores():
+    evals = _curve([0.5, 0.6, 0.62, 0.61, 0.6, 0.62, 0.4, 0.38])
+    r = I.guard_check(evals, 0, GUARD, looks=12)
+    assert r["cliff"] and r["fire"] and r["drop"] > r["drop_z"] * r["drop_se"]
+    assert r["drop_z"] > I.guard_check(evals, 0, GUARD, looks=1)["drop_z"]  # alpha is split over the looks
+    r = I.guard_check(evals, 2, GUARD, looks=12)
+    assert r["cliff"] and not r["fire"]  # still detected (and logged), but no restore left
+    assert I.guard_check(evals, 2, {**GUARD, "max_restores": 3}, looks=12)["fire"]
+    # the same drop without the last two evals, or a last eval as good as the best, is no cliff
+    assert not I.guard_check(evals[:6], 0, GUARD, looks=12)["cliff"]
+    assert not I.guard_check(_curve([0.9, 0.1, 0.1, 0.9]), 0, GUARD, looks=3)["cliff"]
+    assert not I.guard_check(evals[:1], 0, GUARD, looks=12)["cliff"]
+
+
+def test_guard_restores_a_run_that_drops_twice_at_most_max_restores_times():
+    accs = [0.3, 0.6, 0.6, 0.3, 0.6, 0.6, 0.3, 0.3, 0.3, 0.3]  # back at 0.6 after the restore at step 30
+    assert _online(accs, 200) == [30, 60]  # after a restore the curve is the best eval and what follows
+    assert _online(accs, 200, {**GUARD, "max_restores": 1}) == [30]
+    assert _online(accs, 200, {**GUARD, "max_restores": 3}) == [30, 60, 70]
+
+
+@pytest.mark.parametrize("p", [0.3, 0.8])
+def test_guard_rarely_restores_a_flat_run(p):
+    """Flat accuracy, 12 evals after the base at n=200, the guard tested after each: the union bound over the
+    12 looks keeps the chance of any restore in a run at or below alpha (0.04; about 0.02 simulated)."""
+    rng = np.random.default_rng(0)
+    runs = rng.binomial(200, p, size=(300, 13)) / 200
+    rate = np.mean([bool(_online(list(accs), 200)) for accs in runs])
+    assert rate <= GUARD["alpha"]
+
+
+def test_guard_observe_keeps_the_first_of_equal_bests():
+    st = I.State()
+    assert I.guard_observe(st, 0, 0.5, 10)
+    st.best = {"step": 0, "acc": 0.5, "n": 10}
+    assert not I.guard_observe(st, 1, 0.5, 10) and not I.guard_observe(st, 2, 0.4, 10)
+    assert I.guard_observe(st, 3, 0.6, 10)
+    assert st.evals == [(0, 0.5, 10), (1, 0.5, 10), (2, 0.4, 10), (3, 0.6, 10)]
+    assert I.eval_looks(120, 10) == 12 and I.eval_looks(4, 3) == 2 and I.eval_looks(1, 1) == 1
+
+
+def test_guard_state_round_trips_and_its_copy_does_not_alias():
+    w = torch.ones(3)
+    st = I.State(evals=[(0, 0.5, 10)], restores=1, lr_scale=0.5)
+    st.best = {
+        "step": 0,
+        "acc": 0.5,
+        "n": 10,
+        "adapters": {"p": {"w": w}},
+        "optimizers": {"p": {"state": {}}},
+    }
+    sd = st.state_dict()
+    w += 1  # a later step changes the live tensor; the checkpointed copy must not change with it
+    back = I.State()
+    back.load_state_dict(sd)
+    assert back.evals == st.evals and back.restores == 1 and back.lr_scale == 0.5
+    assert torch.equal(back.best["adapters"]["p"]["w"], torch.ones(3))
+    old = I.State()
+    old.load_state_dict({"ema": {}})  # a checkpoint from before cliff_guard
+    assert old.best is None and old.evals == [] and old.restores == 0 and old.lr_scale == 1.0

@@ -1,5 +1,6 @@
 """Interventions inside real toy training: the KL path against an independent base-model computation, the
-gradient hook, and SIGKILL + resume equivalence for an intervention with state (I6's EMA)."""
+gradient hook, and SIGKILL + resume equivalence for interventions with state (I6's EMA, cliff_guard's best
+copy and restore count)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,15 @@ def test_bad_intervention_definitions_are_refused(make_cfg):
         _with(cfg, "none", kind="coherence")
     full = _with(cfg, "coh", kind="coherence")
     assert full.intervention_spec == {"kind": "coherence", "lam": 0.3, "window": 128}  # defaults filled in
+    for spec, msg in [
+        (dict(kind="cliff_guard", lr_factor=0), "lr_factor is 0"),
+        (dict(kind="cliff_guard", max_restores=1.5), "max_restores is 1.5; it must be an integer"),
+    ]:
+        with pytest.raises(ConfigError, match=msg):
+            _with(cfg, "cg", **spec)
+    cg = _with(cfg, "cg", kind="cliff_guard")
+    assert cg.intervention_spec == {"kind": "cliff_guard", "max_restores": 2, "lr_factor": 0.5, "window": 3,
+                                    "alpha": 0.04}  # fmt: skip
     assert RunConfig.from_dict(json.loads(json.dumps(full.to_dict()))) == full
 
 
@@ -124,3 +134,22 @@ def test_sigkill_then_resume_equals_uninterrupted_with_coherence_state(make_cfg,
     _, m = kill_and_resume(cfg, tmp_path)
     scales = m[m.metric == "itv_scale"]
     assert (scales[scales.step >= 2].value < 1).any()  # the EMA exists and acts after the first step
+
+
+def test_sigkill_then_resume_equals_uninterrupted_with_cliff_guard_state(make_cfg, tmp_path):
+    """The drift task (tests/parity_train.py) scores the first eval's outputs 1, so eval accuracy starts at 1
+    and falls once training changes them. Measured on this config: a restore of step 0 at step 1 (before the
+    kill inside step 3) and one at step 4 (after the resume, from the checkpointed copy of step 0)."""
+    cfg = _with(make_cfg("voting", "ip", task="drift", steps=4, save_every=1, eval_every=1), "cg",
+                kind="cliff_guard", max_restores=2, lr_factor=0.5, alpha=0.5)  # fmt: skip
+    _, m = kill_and_resume(cfg, tmp_path)
+    value = m.set_index(["step", "split", "role", "metric"]).value
+    acc = value.xs(("eval", "all", "accuracy"), level=(1, 2, 3))
+    restores = value.xs(("train", "all", "guard_restore"), level=(1, 2, 3))
+    assert acc[0] == 1.0 and (restores == 0).all() and len(restores) == 2
+    first, second = restores.index
+    assert first <= 2 < second  # one restore before the kill, one after the resume
+    assert value[(second, "train", "all", "guard_restores")] == 2
+    assert value[(second, "train", "all", "guard_lr_scale")] == 0.25
+    lr = value.xs(("train", "all", "lr"), level=(1, 2, 3))
+    assert lr[first] == pytest.approx(1e-2) and lr[first + 1] == pytest.approx(5e-3)  # the schedule is scaled

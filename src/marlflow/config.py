@@ -34,6 +34,12 @@ INTERVENTION_KINDS = {
     },
     "same_role_norm": {},
     "mass_balance": {"cap": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.6)},
+    "cliff_guard": {  # window, alpha: analysis.definitions' TERMINAL_WINDOW, ALPHA (a test checks)
+        "max_restores": ("int", {"minimum": 1, "maximum": 1000}, 2),
+        "lr_factor": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.5),
+        "window": ("int", {"minimum": 1, "maximum": 1000}, 3),
+        "alpha": ("float", {"exclusiveMinimum": 0, "maximum": 0.5}, 0.04),
+    },
 }
 # transformers.get_scheduler names that work with (optimizer, warmup, steps) alone and step() without a
 # metric; cosine_with_min_lr, warmup_stable_decay (extra kwargs) and reduce_lr_on_plateau (a metric) do not.

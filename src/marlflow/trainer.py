@@ -603,6 +603,54 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         log.info("step %d eval accuracy %.3f (n=%d)", step, acc, n)
         return acc
 
+    def _cliff_guard(self, acc: float) -> None:
+        """cliff_guard (marlflow.interventions), after the eval of `self.step` scored `acc`.
+
+        A new best eval: keep CPU copies of every adapter and its AdamW state (in `self.itv`, checkpointed).
+        A cliff (interventions.guard_check): log guard_drop, guard_drop_se and guard_z (train split, role
+        all); if restores are left, also put the copy back (adapters and AdamW moments; the schedulers keep
+        their step), scale every policy's learning rate and schedule by lr_factor, publish the adapters to
+        the rollout engine, and log guard_restore (the step restored to), guard_restores, guard_lr_scale."""
+        spec, st = self.cfg.intervention_spec, self.itv
+        if spec["kind"] != "cliff_guard":
+            return
+        n = len(self.eval_problems)
+        if itv.guard_observe(st, self.step, acc, n):
+            st.best = {
+                "step": self.step, "acc": acc, "n": n,
+                "adapters": {p: itv.cpu_copy(get_peft_model_state_dict(self.model, adapter_name=p))
+                             for p in self.cfg.policies},
+                "optimizers": {p: itv.cpu_copy(o.state_dict()) for p, o in self.optimizers.items()},
+            }  # fmt: skip
+            return
+        g = self.cfg.grpo
+        check = itv.guard_check(st.evals, st.restores, spec, itv.eval_looks(g.steps, g.eval_every))
+        if not check["cliff"]:
+            return
+        values = {"guard_drop": check["drop"], "guard_drop_se": check["drop_se"], "guard_z": check["drop_z"]}
+        if check["fire"]:
+            best, f = st.best, spec["lr_factor"]
+            for p, sd in best["adapters"].items():
+                set_peft_model_state_dict(self.model, sd, adapter_name=p)
+            for p, opt in self.optimizers.items():
+                lrs = [(gr["lr"] * f, gr.get("initial_lr", gr["lr"]) * f) for gr in opt.param_groups]
+                opt.load_state_dict(itv.cpu_copy(best["optimizers"][p]))  # a copy: AdamW updates it in place
+                for gr, (lr, initial) in zip(opt.param_groups, lrs):
+                    gr["lr"], gr["initial_lr"] = lr, initial
+                # LambdaLR: lr = base_lr * schedule(step), and base_lrs is in its checkpointed state
+                sched = self.schedulers[p]
+                sched.base_lrs = [b * f for b in sched.base_lrs]
+                sched._last_lr = [gr["lr"] for gr in opt.param_groups]
+            st.restores, st.lr_scale = st.restores + 1, st.lr_scale * f
+            st.evals = [(best["step"], best["acc"], best["n"])]
+            self.backend.on_update()  # the rollout engine must sample from the restored adapters
+            values.update(guard_restore=best["step"], guard_restores=st.restores, guard_lr_scale=st.lr_scale)
+            log.warning("step %d: cliff_guard: eval accuracy %.3f, a cliff (drop %.3f, SE %.3f); restored "
+                        "the best eval's weights (step %d, %.3f), learning rate x%g (restore %d of %d)",
+                        self.step, acc, check["drop"], check["drop_se"], best["step"], best["acc"],
+                        st.lr_scale, st.restores, spec["max_restores"])  # fmt: skip
+        self.metric_rows += rows(self.cfg.factors, self.step, "train", "all", values)
+
     # ------------------------------------------------------------------ checkpoints and resume
 
     def _checkpoints(self) -> list[Path]:
@@ -707,12 +755,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.last_acc = accs[-1] if accs else None
         else:
             self.last_acc = self.evaluate(0)
+            self._cliff_guard(self.last_acc)
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps:
             self.step += 1
             self.train_step(self.step)
             if self.step % g.eval_every == 0 or self.step == g.steps:
                 self.last_acc = self.evaluate(self.step)
+                self._cliff_guard(self.last_acc)
             if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
                 self.save_checkpoint()
             self._log_progress(first, t_start)

@@ -22,6 +22,7 @@ TASK_AXIS = ("math", "code")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
 DEVICES = ("cpu", "cuda", "auto")
+TRACKERS = ("tensorboard", "trackio", "wandb")  # RunConfig.report_to (marlflow.trackers)
 # Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
 # `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
 # fills in defaults. Type "roles" is a mapping role type -> number within the bounds.
@@ -53,7 +54,8 @@ LR_SCHEDULERS = (
     "inverse_sqrt",
 )
 MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
-ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES}
+ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES,
+         "report_to": TRACKERS}  # fmt: skip
 # Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.matrix
 # puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
 # not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
@@ -129,6 +131,13 @@ def _check_fields(obj, prefix: str) -> None:
     a float is not an int even when whole (`steps: 40.0` would reach range() and fail later)."""
     for f in dataclasses.fields(obj):
         kind, v, where = str(f.type), getattr(obj, f.name), f"{prefix}{f.name}"
+        if kind == "list" and f.name in ENUMS:  # a list of distinct enum values, e.g. report_to
+            allowed = ", ".join(ENUMS[f.name])
+            _check(isinstance(v, list), f"{where} is {_short(v)} of type {type(v).__name__}, but it must be a "
+                   f"list of values from: {allowed} (e.g. [{ENUMS[f.name][0]}]; [] for none)")  # fmt: skip
+            for x in v:
+                _check(x in ENUMS[f.name], f"{where} lists {_short(x)}, which is not one of: {allowed}")
+            _check(len(set(v)) == len(v), f"{where} lists a value more than once: {_short(v)}")
         if kind not in _TYPE_WORDS:
             continue
         ok = {
@@ -347,6 +356,8 @@ class RunConfig:
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
     vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
         CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
+    report_to: experiment trackers that mirror metrics.parquet while the run trains, any of TRACKERS
+        (marlflow.trackers); [] = none.
     """
 
     run_id: str
@@ -371,6 +382,7 @@ class RunConfig:
     micro_batch_size: int = 0
     keep_checkpoints: int = 0
     vllm_gpu_memory_utilization: float = 0.3
+    report_to: list = field(default_factory=list)
 
     def __post_init__(self):
         _check_fields(self, "")
@@ -427,7 +439,10 @@ class RunConfig:
         }
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["report_to"]:  # no trackers: the config of a run made before report_to existed, unchanged
+            del d["report_to"]  # (the train rule's params, so Snakemake does not rerun finished runs)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:

@@ -75,7 +75,8 @@ NOT_RUN_LEVEL = {
     "intervention_spec",
 }
 NOT_RUN_LEVEL |= {"preset", "grpo"}
-JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "object"}
+JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "object",
+              "list": "array"}  # fmt: skip
 # JSON schema counts 40.0 as an integer; a config field typed int must get an int.
 _Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
@@ -97,7 +98,10 @@ def _fields_schema(cls, skip=()) -> dict:
             continue
         out[f.name] = {"type": JSON_TYPES[str(f.type)], **C.BOUNDS.get(f.name, {})}
         if f.name in C.ENUMS:
-            out[f.name]["enum"] = list(C.ENUMS[f.name])
+            enum = {"enum": list(C.ENUMS[f.name])}
+            if out[f.name]["type"] == "array":  # a list of distinct enum values (report_to)
+                enum = {"items": {"type": "string", **enum}, "uniqueItems": True}
+            out[f.name].update(enum)
     return out
 
 

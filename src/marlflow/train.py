@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from marlflow import trackers
 from marlflow.config import ConfigError, RunConfig
 from marlflow.final import write_final
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
@@ -58,6 +59,7 @@ def preflight(cfg: RunConfig) -> None:
         from marlflow.vllm_backend import require_vllm
 
         require_vllm(cfg.device)
+    trackers.require(cfg.report_to)  # a tracker's library is missing: the message names the extra
 
 
 class LoadedTask:
@@ -127,6 +129,7 @@ def main(argv=None) -> int:
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value
         print(f"marlflow.train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
+    trackers.prepare(cfg, Path(args.out))  # before TRL is imported: it imports trackio
     try:
         task = get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
     except KeyError as err:

@@ -48,6 +48,7 @@ from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.generation import ChatEncoder, Sampling, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, rows, write_metrics
+from marlflow.trackers import Trackers
 from marlflow.workflows import Context, rollout
 
 log = logging.getLogger("marlflow.trainer")
@@ -747,7 +748,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> pd.DataFrame:
-        """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table."""
+        """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table. The trackers
+        of cfg.report_to (marlflow.trackers) get each step's new metric rows and are finished on any exit."""
+        with Trackers(self.cfg, self.out_dir) as self.trackers:
+            return self._fit()
+
+    def _fit(self) -> pd.DataFrame:
         g = self.cfg.grpo
         if self.restore():  # the newest eval accuracy among the restored rows, read once
             accs = [r["value"] for r in self.metric_rows if r["split"] == "eval" and r["role"] == "all"
@@ -756,6 +762,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         else:
             self.last_acc = self.evaluate(0)
             self._cliff_guard(self.last_acc)
+        self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps:
             self.step += 1
@@ -763,6 +770,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             if self.step % g.eval_every == 0 or self.step == g.steps:
                 self.last_acc = self.evaluate(self.step)
                 self._cliff_guard(self.last_acc)
+            self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
             if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
                 self.save_checkpoint()
             self._log_progress(first, t_start)

@@ -6,7 +6,9 @@ import re
 
 from marlflow.config import SCALES
 from marlflow.metrics import atomic_write_text
-from marlflow.matrix import ALIASES, AXES, MatrixError, run_sheet
+from marlflow.matrix import ALIASES, AXES, MatrixError, jobs_use_this_python, run_sheet
+
+jobs_use_this_python()
 
 
 def _load_sheet():

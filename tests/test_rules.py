@@ -28,8 +28,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def snakemake(*args, cwd=ROOT, check=True, timeout=300):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+def snakemake(*args, cwd=ROOT, check=True, timeout=300, venv_on_path=True):
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != BIN]
+    # venv_on_path=False: `.venv/bin/snakemake` run without activating the venv, as users do; the jobs'
+    # `python -m marlflow.<verb>` must still find marlflow (marlflow.matrix.jobs_use_this_python).
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": os.pathsep.join([str(BIN)] * venv_on_path + path)}
     out = subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, env=env,
                          timeout=timeout)  # fmt: skip
     if check:
@@ -97,7 +100,7 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
         "preset=smoke",
         f"matrix={ROOT / 'matrix.yaml'}",
     ]
-    snakemake("--cores", "2", *args, cwd=work, timeout=1500)
+    snakemake("--cores", "2", *args, cwd=work, timeout=1500, venv_on_path=False)
 
     files, folders = _declared(work, args)
     runs = sorted(p.name for p in (work / "results" / "runs").iterdir())

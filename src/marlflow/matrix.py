@@ -33,6 +33,7 @@ import difflib
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from importlib import resources
@@ -525,6 +526,20 @@ def _matches(when: dict, cell: dict) -> bool:
 def run_id(workflow: str, sharing: str, scale: str, task: str, seed: int, intervention: str = "none") -> str:
     rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}"
     return (rid if intervention == "none" else f"{rid}-{intervention}").lower()
+
+
+def jobs_use_this_python() -> None:
+    """Put the running interpreter's venv first on PATH, for the Snakefile's jobs (`python -m marlflow.<verb>`).
+
+    `.venv/bin/snakemake ...` without activating the venv would otherwise give the jobs whatever `python`
+    comes first on PATH, which has no marlflow. Outside a venv nothing changes; a `--use-conda` env is put
+    first by Snakemake itself for its jobs.
+    """
+    if sys.prefix != sys.base_prefix:
+        bin_dir = str(Path(sys.executable).parent)
+        path = os.environ.get("PATH", "")
+        if path.split(os.pathsep)[0] != bin_dir:
+            os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
 
 
 def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from marlflow.analysis import claims_table, contrasts, mean_ci, summary_by_cell
 from marlflow.analysis.claims import verdict
 from marlflow.analysis.curves import SUMMARY_COLUMNS
 from marlflow.analysis.gradients import GRAD_COLUMNS
-from marlflow.analysis.stats import t_quantile
+from marlflow.analysis.stats import rate_ci, t_quantile
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,23 @@ def test_summary_by_cell_ci_and_one_seed():
     assert v["peak_lo"] < 0.71 < v["peak_hi"]
     one = summary_by_cell(summary(1))
     assert one["peak_lo"].isna().all() and one["peak_hi"].isna().all()
+
+
+def test_rates_have_wilson_intervals_inside_0_1():
+    """A cliff rate over 3 seeds: 1 of 3 is not [-1.10, 1.77] (t-interval) and 0 of 3 is not [0, 0]."""
+    p, lo, hi, s = rate_ci([1, 0, 0])
+    assert (p, s) == (pytest.approx(1 / 3), 3) and 0 < lo < p < hi < 1
+    assert (lo, hi) == (pytest.approx(0.0615, abs=1e-3), pytest.approx(0.7923, abs=1e-3))  # Wilson, z = 1.96
+    p, lo, hi, _ = rate_ci([0, 0, 0])
+    assert p == 0 and lo == 0 and hi == pytest.approx(0.5615, abs=1e-3)
+    recs = summary(3)
+    recs.loc[(recs["workflow"] == "voting") & (recs["sharing"] == "ip") & (recs["seed"] > 0), "cliff"] = False
+    cells = summary_by_cell(recs)
+    for name in ("cliff_rate", "collapse_rate", "stagnation_rate"):
+        assert (cells[f"{name}_lo"] >= 0).all() and (cells[f"{name}_hi"] <= 1).all()
+    con = contrasts(recs)
+    cliff = con[con["stat"] == "cliff"]
+    assert (cliff["lo"] >= -1).all() and (cliff["hi"] <= 1).all()
 
 
 def test_contrasts_paired_by_seed():

@@ -135,7 +135,8 @@ evaluator vs generator, orch_workers orchestrator vs worker; single: never), com
 
 Across seeds (summary_by_cell, contrasts; cell = workflow, sharing, scale, task, intervention):
 - mean and 95% CI over seeds, t-interval mean +- t_{0.975, s-1} sd / sqrt(s) (s seeds); with one seed the
-  CI is n/a. cliff_rate = share of seeds with a cliff (its CI the same t-interval over 0/1 values).
+  CI is n/a. cliff_rate / collapse_rate / stagnation_rate = share of seeds with the flag, CI = Wilson score
+  interval (inside [0, 1]; 0 of 3 seeds gives [0, 0.56]). The paired cliff difference's t-interval is cut to [-1, 1].
 - sp_minus_ip: per (workflow, scale, task, intervention) the per-seed difference SP - IP (same seed = same
   problems at every step), then mean and CI over seeds. ma_minus_sa: each workflow x sharing minus `single`
   (sp) at the same scale, task, intervention and seed.

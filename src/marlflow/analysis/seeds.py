@@ -6,7 +6,9 @@
 
 A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
 see the same problems at every step (the step's problems are a function of seed and step), so SP - IP and
-MA - SA differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds).
+MA - SA differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds) for accuracies and
+gains; stats.rate_ci (Wilson score interval) for the cliff / collapse / stagnation rates; a paired difference of
+0/1 flags (the `cliff` contrast) has its t-interval cut to the possible range [-1, 1].
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 
 import pandas as pd
 
-from marlflow.analysis.stats import mean_ci
+from marlflow.analysis.stats import mean_ci, rate_ci
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
 
 CELL = ["workflow", "sharing", "scale", "task", "intervention"]
@@ -34,6 +36,7 @@ CELL_STATS = {
     "collapse": "collapse_rate",
     "stagnation": "stagnation_rate",
 }
+RATES = {"cliff", "collapse", "stagnation"}  # 0/1 per run: Wilson interval over seeds
 CONTRAST_STATS = ["base", "peak", "peak_confirmed", "terminal_mean3", "gain_peak", "gain_confirmed",
                   "gain_terminal3", "cliff"]  # fmt: skip
 CONTRAST_COLUMNS = ["contrast", *CELL, "stat", "n_pairs", "mean", "lo", "hi"]
@@ -64,7 +67,7 @@ def summary_by_cell(summary: pd.DataFrame) -> pd.DataFrame:
         rec["n_seeds"] = int(g["seed"].nunique())
         rec["seeds"] = ",".join(str(x) for x in sorted(g["seed"].unique()))
         for col, name in CELL_STATS.items():
-            m, lo, hi, _ = mean_ci(g[col].astype(float))
+            m, lo, hi, _ = (rate_ci if col in RATES else mean_ci)(g[col].astype(float))
             rec.update({f"{name}_mean": m, f"{name}_lo": lo, f"{name}_hi": hi})
         records.append(rec)
     out = pd.DataFrame.from_records(records, columns=cell_columns())
@@ -74,6 +77,14 @@ def summary_by_cell(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _paired(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
     return left.merge(right, on=on, suffixes=("", "_ref"))
+
+
+def _diff_ci(diff: pd.Series, stat: str) -> tuple[float, float, float, int]:
+    """mean_ci of paired differences; for a 0/1 flag the bounds are cut to the possible range [-1, 1]."""
+    m, lo, hi, k = mean_ci(diff)
+    if stat in RATES and k >= 2:
+        lo, hi = max(-1.0, lo), min(1.0, hi)
+    return m, lo, hi, k
 
 
 def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
@@ -93,7 +104,7 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     pairs = _paired(sp, ip, ["workflow", "scale", "task", "intervention", "seed"])
     for key, g in pairs.groupby(["workflow", "scale", "task", "intervention"], sort=False):
         for st in CONTRAST_STATS:
-            m, lo, hi, k = mean_ci(g[st] - g[f"{st}_ref"])
+            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
             records.append(["sp-ip", key[0], "sp-ip", *key[1:], st, k, m, lo, hi])
     single = s[(s["workflow"] == "single") & (s["sharing"] == "sp")]
     single = single[["scale", "task", "intervention", "seed", *CONTRAST_STATS]]
@@ -101,7 +112,7 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     pairs = _paired(multi, single, ["scale", "task", "intervention", "seed"])
     for key, g in pairs.groupby(["workflow", "sharing", "scale", "task", "intervention"], sort=False):
         for st in CONTRAST_STATS:
-            m, lo, hi, k = mean_ci(g[st] - g[f"{st}_ref"])
+            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
             records.append(["ma-sa", *key, st, k, m, lo, hi])
     out = pd.DataFrame.from_records(records, columns=CONTRAST_COLUMNS)
     out["n_pairs"] = out["n_pairs"].astype("int64")

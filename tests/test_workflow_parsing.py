@@ -38,3 +38,38 @@ def test_orchestrator_strategies():
     text = "STRATEGY 1: left to right\nSTRATEGY 2: add then subtract\nSTRATEGY 3: x\nSTRATEGY 4: y"
     assert parse_strategies(text, 3) == (["left to right", "add then subtract", "x"], True)
     assert parse_strategies("just do it", 3) == ([FALLBACK_STRATEGY], False)
+
+
+def test_candidate_metrics_reuse_the_scored_final():
+    """Eval's any_correct / generator_accuracy score each candidate once: the picked Voting candidate is the
+    episode's final, already scored by the rollout, and is not sent to the task again."""
+    from marlflow.workflows import Episode, eval_metrics
+
+    task = get_task("toy_math")
+    p = task.load("test", TaskSpec(name="toy_math", eval_size=3))[0]
+    right, wrong = f"\\boxed{{{p.answer}}}", f"\\boxed{{{int(p.answer) + 1}}}"
+    scored = []
+
+    class Counting:
+        def score(self, problems, texts):
+            scored.extend(texts)
+            return task.score(problems, texts)
+
+    eps = [Episode(problem=p, rollout=0, final=right, reward=1.0, info={"candidates": [wrong, right, wrong]}),
+           Episode(problem=p, rollout=1, final=wrong, reward=0.0, info={"candidates": [wrong, wrong, wrong]})]  # fmt: skip
+    m = eval_metrics("voting", eps, Counting())
+    assert m == {"any_correct": 0.5, "generator_accuracy": 1 / 6}
+    assert scored == [wrong, wrong]  # episode 0's two wrong voters; the rest equal a scored final
+    eps[0].info["rounds"] = 2
+    assert eval_metrics("eval_opt", eps, task) == {"rounds_mean": 1.5}
+    assert eval_metrics("single", eps, task) == {}
+
+
+def test_trainer_keeps_trls_evaluate():
+    """The workflow eval is `evaluate_workflow(step)`; `evaluate` stays transformers' Trainer.evaluate."""
+    from transformers import Trainer
+
+    from marlflow.trainer import MultiAgentGRPOTrainer
+
+    assert MultiAgentGRPOTrainer.evaluate is Trainer.evaluate
+    assert callable(MultiAgentGRPOTrainer.evaluate_workflow)

@@ -146,7 +146,7 @@ def cmd_parity(args) -> dict:
 
 def cmd_checkpoint(args) -> None:
     trainer = build_trainer(make_cfg(args.model), Path(args.run))
-    trainer.evaluate(0)  # as fit() does: a checkpoint carries the metrics so far
+    trainer.evaluate_workflow(0)  # as fit() does: a checkpoint carries the metrics so far
     train_steps(trainer, STEPS)
     trainer.save_checkpoint()
     print("CHECKPOINTED", flush=True)

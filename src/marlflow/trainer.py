@@ -25,11 +25,9 @@ and ema_cos against a per-role gradient EMA that is checkpointed with the optimi
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import random
-import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,13 +41,14 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import algos
+from marlflow import algos, checkpoint
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.generation import ChatEncoder, Sampling, make_backend
-from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, rows, write_metrics
+from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, rollout
+from marlflow.workflows import eval_metrics as workflow_eval_metrics
 
 log = logging.getLogger("marlflow.trainer")
 
@@ -62,10 +61,6 @@ EVAL_SEED_OFFSET = 1_000_003
 
 class NaNLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
-
-
-class DiskFullError(RuntimeError):
-    """A checkpoint could not be written because the disk is full; the previous checkpoints are intact."""
 
 
 def _no_reward(prompts, completions, **kwargs):
@@ -281,7 +276,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         steps.
 
         Returns per-role stats {role: {...}} and workflow stats under "all". If any loss or gradient is not
-        finite, no parameter changes, the gradient EMAs stay as they were, and stats["all"]["nan_skipped"] == 1.
+        finite, no parameter changes, the gradient EMAs stay as they were, stats["all"]["nan_skipped"] == 1,
+        and no role after the one that failed is run (its stats are absent).
         The gradient metrics only read the gradients: the update is the policy's whole-batch TRL loss either way.
         metrics=False (steps between grpo.grad_metrics_every) skips what needs more than one flat gradient per
         role: per-slot gradients, proj_share, cos_others, slot_amplification / slot_cos and the EMA (ema_cos).
@@ -295,6 +291,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         active = cfg.intervention_spec["kind"] != "none"
         itv_own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r) for the intervention
         for policy in cfg.policies:
+            if not finite:  # the step is discarded: no later policy's backward is run
+                break
             idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
             if not idx:
                 continue
@@ -308,6 +306,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             role_grads: dict[str, torch.Tensor] = {}
             role_slots: dict[str, list[str]] = {}
             for role in dict.fromkeys(calls[i].role for i in idx):
+                if not finite:  # nor any later role's
+                    break
                 ridx = [i for i in idx if calls[i].role == role]
                 role_slots[role] = list(dict.fromkeys(calls[i].slot for i in ridx))
                 role_loss, ent, clip, gap, gap_n, kl = 0.0, [], [], 0.0, 0, []
@@ -528,7 +528,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float:
+    def evaluate_workflow(self, step: int) -> float:
         """Workflow accuracy on the fixed held-out subset, one episode per problem.
 
         Sampling uses its own seeded RNG stream (identical at every evaluation) and leaves the training RNG
@@ -555,16 +555,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             accuracy_b=sum(half_b) / len(half_b) if half_b else math.nan,
             n_eval_b=len(half_b),
         )
-        if cfg.workflow in ("voting", "orch_workers"):
-            cands = [(e.problem, c) for e in episodes for c in e.info.get("candidates", [])]
-            scores = self.task.score([p for p, _ in cands], [c for _, c in cands]) if cands else []
-            it = iter(scores)
-            per_ep = [[next(it) for _ in e.info.get("candidates", [])] for e in episodes]
-            values["any_correct"] = sum(bool(s) and max(s) > 0 for s in per_ep) / n
-            key = "generator_accuracy" if cfg.workflow == "voting" else "worker_accuracy"
-            values[key] = float(np.mean(scores)) if scores else 0.0
-        if cfg.workflow == "eval_opt":
-            values["rounds_mean"] = float(np.mean([e.info.get("rounds", 1) for e in episodes]))
+        values.update(workflow_eval_metrics(cfg.workflow, episodes, self.task))
         if hasattr(self.task, "careless"):  # toy tasks: how often solvers use the style RL should drop
             solved = [c.text for e in episodes for c in e.calls if c.role in ("generator", "worker")]
             values["careless_share"] = float(np.mean([self.task.careless(t) for t in solved]))
@@ -654,96 +645,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints and resume
 
-    def _checkpoints(self) -> list[Path]:
-        root = self.out_dir / "checkpoints"
-        done = [p for p in root.glob("step-*") if (p / "COMPLETE").exists() and p.name[5:].isdigit()]
-        return sorted(done, key=lambda p: int(p.name[5:]))
-
     def save_checkpoint(self) -> Path:
-        """Everything the run's future depends on, written to a temp folder renamed into place."""
-        root = self.out_dir / "checkpoints"
-        final, tmp = root / f"step-{self.step}", root / f".step-{self.step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            self._write_checkpoint(tmp)
-        except OSError as err:
-            shutil.rmtree(tmp, ignore_errors=True)  # a torn temp folder is never resumed from; free its space
-            if err.errno != errno.ENOSPC:
-                raise
-            last = self._checkpoints()
-            kept = f"the previous checkpoint {last[-1].name} is intact" if last else "no checkpoint was lost"
-            raise DiskFullError(
-                f"disk full while writing the step-{self.step} checkpoint under {root} ({err}); {kept}. Free disk "
-                "space (or set keep_checkpoints, raise grpo.save_every) and rerun: training resumes from the newest "
-                "complete checkpoint"
-            ) from err
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        keep = self.cfg.keep_checkpoints
-        if keep:
-            for old in self._checkpoints()[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        return final
+        """Write the step's checkpoint (marlflow.checkpoint: whole or not at all, older ones pruned)."""
+        return checkpoint.save(self)
 
-    def _write_checkpoint(self, tmp: Path) -> None:
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "adapters", selected_adapters=list(self.cfg.policies))
-        torch.save(
-            {
-                "step": self.step,
-                "nan_streak": self.nan_streak,
-                "adapters": {
-                    p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies
-                },
-                "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
-                "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
-                "grad_ema": self.grad_ema,
-                "interventions": self.itv.state_dict(),
-                "rng": {
-                    "python": random.getstate(),
-                    "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                },
-            },
-            tmp / "state.pt",
-        )
-        write_metrics(pd.DataFrame(self.metric_rows), tmp / "metrics.parquet")
-        atomic_write_parquet(self.samples_frame(), tmp / "samples.parquet")
-        atomic_write_json(tmp / "COMPLETE", {"step": self.step})
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint, if any (marlflow.checkpoint); False when there is none."""
+        return checkpoint.restore(self)
 
     def samples_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS)
-
-    def restore(self) -> bool:
-        """Load the newest complete checkpoint, if any; each adapter goes back to its own policy."""
-        ckpts = self._checkpoints()
-        if not ckpts:
-            return False
-        ckpt = ckpts[-1]
-        state = torch.load(ckpt / "state.pt", weights_only=False)
-        for p, sd in state["adapters"].items():
-            set_peft_model_state_dict(self.model, sd, adapter_name=p)
-        for p, sd in state["optimizers"].items():
-            self.optimizers[p].load_state_dict(sd)
-        for p, sd in state["schedulers"].items():
-            self.schedulers[p].load_state_dict(sd)
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.step, self.nan_streak = state["step"], state["nan_streak"]
-        self.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
-        self.itv.load_state_dict(state.get("interventions", {}))
-        self.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
-        self.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
-        # The rollout engine still serves the adapters it started with: publish the restored ones, or the
-        # first step after a resume would sample from the wrong policy and train on it as on-policy.
-        self.backend.on_update()
-        log.info("resumed from %s", ckpt)
-        return True
 
     # ------------------------------------------------------------------ the loop
 
@@ -763,7 +674,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     and r["metric"] == "accuracy"]  # fmt: skip
             self.last_acc = accs[-1] if accs else None
         else:
-            self.last_acc = self.evaluate(0)
+            self.last_acc = self.evaluate_workflow(0)
             self._cliff_guard(self.last_acc)
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
@@ -771,7 +682,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.step += 1
             self.train_step(self.step)
             if self.step % g.eval_every == 0 or self.step == g.steps:
-                self.last_acc = self.evaluate(self.step)
+                self.last_acc = self.evaluate_workflow(self.step)
                 self._cliff_guard(self.last_acc)
             self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
             if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:

@@ -19,6 +19,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from marlflow.generation import Sampling, request_seeds
 from marlflow.tasks import Problem
 
@@ -90,6 +92,30 @@ def _workflows():
         "eval_opt": eval_opt.run,
         "voting": voting.run,
         "orch_workers": orch_workers.run,
+    }
+
+
+def eval_metrics(workflow: str, episodes: list[Episode], task) -> dict[str, float]:
+    """The workflow's own eval metrics (role `all`), from the module's `eval_metrics(episodes, task)` if it
+    has one: what only that role graph can say (candidate accuracy, rounds used)."""
+    from importlib import import_module
+
+    fn = getattr(import_module(f"marlflow.workflows.{workflow}"), "eval_metrics", None)
+    return fn(episodes, task) if fn else {}
+
+
+def candidate_metrics(episodes: list[Episode], task, key: str) -> dict[str, float]:
+    """Voting / Orch-Workers: `any_correct` (an episode has at least one correct candidate) and `key` (mean
+    score of every candidate). The picked Voting candidate is the episode's final, already scored: reused."""
+    finals = {(id(e), e.final): e.reward for e in episodes}
+    todo = [(e, c) for e in episodes for c in e.info.get("candidates", []) if (id(e), c) not in finals]
+    fresh = iter(task.score([e.problem for e, _ in todo], [c for _, c in todo]) if todo else [])
+    per_ep = [[finals[(id(e), c)] if (id(e), c) in finals else next(fresh) for c in e.info.get("candidates", [])]
+              for e in episodes]  # fmt: skip
+    scores = [s for ep in per_ep for s in ep]
+    return {
+        "any_correct": sum(bool(s) and max(s) > 0 for s in per_ep) / len(episodes),
+        key: float(np.mean(scores)) if scores else 0.0,
     }
 
 

@@ -7,6 +7,8 @@ Verdict parsing: the last `\\boxed{Correct}` / `\\boxed{Incorrect}` (case-insens
 format failure and is treated as Incorrect. The final answer is the last generator output.
 """
 
+import numpy as np
+
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, prompts
 
@@ -51,3 +53,8 @@ def run(episodes, ctx) -> None:
         active = still
         if not active:
             break
+
+
+def eval_metrics(episodes, task) -> dict[str, float]:
+    """rounds_mean: generator calls used per episode (1 = the evaluator accepted the first answer)."""
+    return {"rounds_mean": float(np.mean([e.info.get("rounds", 1) for e in episodes]))}

@@ -8,7 +8,7 @@ generic strategy "solve it directly".
 
 import re
 
-from marlflow.workflows import Call, prompts
+from marlflow.workflows import Call, candidate_metrics, prompts
 
 FALLBACK_STRATEGY = "solve it directly"
 
@@ -48,3 +48,8 @@ def run(episodes, ctx) -> None:
     for e, c in synth:
         e.final = c.text
         e.info["candidates"] = sols[id(e)]
+
+
+def eval_metrics(episodes, task) -> dict[str, float]:
+    """any_correct and worker_accuracy (mean over every worker's solution)."""
+    return candidate_metrics(episodes, task, "worker_accuracy")

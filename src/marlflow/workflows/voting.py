@@ -8,7 +8,7 @@ but a well-formed `\\boxed{N}` counts as an aggregator format failure.
 import re
 
 from marlflow.tasks.math import last_boxed
-from marlflow.workflows import Call, prompts
+from marlflow.workflows import Call, candidate_metrics, prompts
 
 
 def parse_pick(text: str, n: int) -> tuple[int, bool]:
@@ -42,3 +42,9 @@ def run(episodes, ctx) -> None:
         e.final = sols[id(e)][pick]
         e.info["pick"] = pick
         e.info["candidates"] = sols[id(e)]
+
+
+def eval_metrics(episodes, task) -> dict[str, float]:
+    """any_correct and generator_accuracy (mean over every voter's answer): how often the aggregator had a
+    right answer to pick, and how good the voters are on their own."""
+    return candidate_metrics(episodes, task, "generator_accuracy")

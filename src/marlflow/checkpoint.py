@@ -1,0 +1,131 @@
+"""Checkpoints of a training run: everything its future depends on, written whole or not at all.
+
+`RUN/checkpoints/step-N/` holds
+    adapters/          each policy's PEFT adapter folder (for people and tools; resume reads state.pt)
+    state.pt           adapters, AdamW and scheduler states, the per-role gradient EMAs, intervention state
+                       (marlflow.interventions.State), the Python / NumPy / torch / CUDA RNG states, step
+                       and NaN streak
+    metrics.parquet    the metric rows so far; samples.parquet: the sample rows so far
+    COMPLETE           written last; a folder without it is never resumed from
+It is written to `.step-N.tmp` and renamed into place, so a kill at any moment leaves the newest complete
+checkpoint loadable; `keep_checkpoints` prunes older ones after the rename. Resume equivalence (a run killed
+and resumed writes the same metrics and adapters as one that was not) rests on this module restoring every
+piece of state that `save` writes; tests/test_resume.py checks it.
+
+The trainer calls `save(trainer)` every `grpo.save_every` steps and `restore(trainer)` at start.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
+
+log = logging.getLogger("marlflow.checkpoint")
+
+
+class DiskFullError(RuntimeError):
+    """The disk filled up while a checkpoint was written; the previous checkpoint is intact."""
+
+
+def complete(out_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    root = out_dir / "checkpoints"
+    done = [p for p in root.glob("step-*") if (p / "COMPLETE").exists() and p.name[5:].isdigit()]
+    return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def save(trainer) -> Path:
+    """Write `trainer`'s state at its current step; returns the checkpoint folder. Raises DiskFullError
+    (naming the checkpoint that is still intact) when the disk fills up."""
+    root = trainer.out_dir / "checkpoints"
+    final, tmp = root / f"step-{trainer.step}", root / f".step-{trainer.step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(trainer, tmp)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # a torn temp folder is never resumed from; free its space
+        if err.errno != errno.ENOSPC:
+            raise
+        last = complete(trainer.out_dir)
+        kept = f"the previous checkpoint {last[-1].name} is intact" if last else "no checkpoint was lost"
+        raise DiskFullError(
+            f"disk full while writing the step-{trainer.step} checkpoint under {root} ({err}); {kept}. Free disk "
+            "space (or set keep_checkpoints, raise grpo.save_every) and rerun: training resumes from the newest "
+            "complete checkpoint"
+        ) from err
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    keep = trainer.cfg.keep_checkpoints
+    if keep:
+        for old in complete(trainer.out_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(trainer, tmp: Path) -> None:
+    policies = list(trainer.cfg.policies)
+    tmp.mkdir(parents=True)
+    trainer.model.save_pretrained(tmp / "adapters", selected_adapters=policies)
+    torch.save(
+        {
+            "step": trainer.step,
+            "nan_streak": trainer.nan_streak,
+            "adapters": {p: get_peft_model_state_dict(trainer.model, adapter_name=p) for p in policies},
+            "optimizers": {p: o.state_dict() for p, o in trainer.optimizers.items()},
+            "schedulers": {p: s.state_dict() for p, s in trainer.schedulers.items()},
+            "grad_ema": trainer.grad_ema,
+            "interventions": trainer.itv.state_dict(),
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
+        },
+        tmp / "state.pt",
+    )
+    write_metrics(pd.DataFrame(trainer.metric_rows), tmp / "metrics.parquet")
+    atomic_write_parquet(trainer.samples_frame(), tmp / "samples.parquet")
+    atomic_write_json(tmp / "COMPLETE", {"step": trainer.step})
+
+
+def restore(trainer) -> bool:
+    """Load the newest complete checkpoint into `trainer`, if any; each adapter goes back to its own policy,
+    and the rollout backend is given the restored adapters."""
+    ckpts = complete(trainer.out_dir)
+    if not ckpts:
+        return False
+    ckpt = ckpts[-1]
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    for p, sd in state["adapters"].items():
+        set_peft_model_state_dict(trainer.model, sd, adapter_name=p)
+    for p, sd in state["optimizers"].items():
+        trainer.optimizers[p].load_state_dict(sd)
+    for p, sd in state["schedulers"].items():
+        trainer.schedulers[p].load_state_dict(sd)
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    trainer.step, trainer.nan_streak = state["step"], state["nan_streak"]
+    trainer.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
+    trainer.itv.load_state_dict(state.get("interventions", {}))
+    trainer.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
+    trainer.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
+    # The rollout engine still serves the adapters it started with: publish the restored ones, or the
+    # first step after a resume would sample from the wrong policy and train on it as on-policy.
+    trainer.backend.on_update()
+    log.info("resumed from %s", ckpt)
+    return True

@@ -6,7 +6,14 @@ import re
 
 from marlflow.config import SCALES
 from marlflow.metrics import atomic_write_text
-from marlflow.matrix import ALIASES, AXES, MatrixError, jobs_use_this_python, run_sheet
+from marlflow.matrix import (
+    ALIASES,
+    AXES,
+    MatrixError,
+    jobs_use_this_python,
+    run_sheet,
+    work_estimate,
+)
 
 jobs_use_this_python()
 
@@ -26,6 +33,12 @@ def _load_sheet():
 SHEET = _load_sheet()
 RUN_IDS = list(SHEET.index)
 MODELS = dict(zip(SHEET["scale"], SHEET["model"]))
+# Longest first: a train job's priority is the rank of its estimated work (marlflow.matrix.work_estimate),
+# so the matrix does not end with one long run on an otherwise idle machine.
+_WORK = {r: work_estimate(c) for r, c in SHEET["config"].items()}
+PRIORITY = {
+    r: rank for rank, r in enumerate(sorted(RUN_IDS, key=lambda r: (_WORK[r], r)), 1)
+}
 
 
 wildcard_constraints:

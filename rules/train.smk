@@ -36,6 +36,7 @@ rule train:
         "results/logs/train/{run_id}.log",
     benchmark:
         "results/benchmarks/train/{run_id}.tsv"
+    priority: lambda wildcards: PRIORITY[wildcards.run_id]
     conda:
         "envs/marlflow.yaml"
     # CPU-only defaults; GPUs, memory and time per scale come from a profile's `scale_resources`.

@@ -607,6 +607,22 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
     return pd.DataFrame(rows).set_index("run_id")[SHEET_COLUMNS]
 
 
+def work_estimate(config_json: str) -> int:
+    """Completion tokens a run generates at most (training rollouts and evaluations): the train rule's
+    Snakemake priority, so the longest runs start first and the matrix does not end on one long job.
+
+    Role calls per episode are upper bounds: Eval-Opt 2 per round (generator and evaluator), Voting
+    n_votes + 1, Orch-Workers n_workers + 2, single 1."""
+    cfg = RunConfig.from_dict(json.loads(config_json))
+    g = cfg.grpo
+    rounds = cfg.eval_opt_rounds or (3 if cfg.task_axis == "math" else 2)
+    calls = {"single": 1, "eval_opt": 2 * rounds, "voting": cfg.n_votes + 1,
+             "orch_workers": cfg.n_workers + 2}[cfg.workflow]  # fmt: skip
+    evals = g.steps // g.eval_every + 1
+    episodes = g.steps * g.problems_per_step * g.group_size + evals * cfg.task.eval_size
+    return episodes * calls * g.max_completion_length
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m marlflow.matrix", description="Validate matrix.yaml and print a preset's run sheet."

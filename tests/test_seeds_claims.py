@@ -92,6 +92,28 @@ def test_contrasts_paired_by_seed():
     assert not (con["workflow"] == "single").any()
 
 
+def test_intervention_minus_none_paired_by_seed():
+    """itv-none: each intervention's run minus the none run of the same cell and seed; cells without a none
+    run (or none itself) give no pair."""
+    recs = summary(3)
+    treated = recs[(recs["workflow"] == "voting") & (recs["sharing"] == "ip")].copy()
+    treated["intervention"], treated["cliff"] = "cg", [False, False, True]
+    treated["terminal_mean3"] = treated["terminal_mean3"] + [0.05, 0.10, 0.15]
+    con = contrasts(pd.concat([recs, treated], ignore_index=True))
+    itv = con[con["contrast"] == "itv-none"].set_index("stat")
+    assert (
+        set(itv["workflow"]) == {"voting"}
+        and set(itv["sharing"]) == {"ip"}
+        and set(itv["intervention"]) == {"cg"}
+    )
+    assert (itv["n_pairs"] == 3).all()
+    assert itv.loc["terminal_mean3", "mean"] == pytest.approx(0.10)
+    assert itv.loc["terminal_mean3", "lo"] < 0.10 < itv.loc["terminal_mean3", "hi"]
+    assert itv.loc["cliff", "mean"] == pytest.approx(-2 / 3) and itv.loc["cliff", "lo"] >= -1
+    assert itv.loc["peak", "mean"] == pytest.approx(0.0)
+    assert list(dict.fromkeys(con["contrast"])) == ["sp-ip", "ma-sa", "itv-none"]
+
+
 def grads(n_seeds: int) -> pd.DataFrame:
     recs = []
     for s in range(n_seeds):

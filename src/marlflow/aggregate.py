@@ -8,7 +8,7 @@ deterministically (sorted rows, no timestamps):
     grad_dynamics.csv                          one row per run x role (analysis.GRAD_COLUMNS)
     peak_terminal.md, peak_terminal.tex        rows workflow x sharing, columns scale x task, "peak / terminal"
     summary_by_cell.parquet, .csv, .md         one row per cell: mean and 95% CI over seeds
-    contrasts.csv, contrasts.md                seed-paired SP - IP and MA - SA differences with CIs
+    contrasts.csv, contrasts.md                seed-paired SP - IP, MA - SA, intervention - none differences, CIs
     claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
 
 OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
@@ -102,7 +102,8 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     atomic_write_text(
         out / "contrasts.md",
         "Seed-paired differences, mean [95% CI] over seeds (sp-ip: SP minus IP; ma-sa: workflow minus "
-        "single).\n\n" + markdown_table(contrasts_markdown(con), index=False),
+        "single; itv-none: intervention minus none).\n\n"
+        + markdown_table(contrasts_markdown(con), index=False),
     )
     claims = tables["claims"]
     atomic_write_text(out / "claims.csv", csv_text(claims))

@@ -487,7 +487,7 @@ def _need(df: pd.DataFrame, name: str, columns: Sequence[str]) -> None:
 
 
 def contrasts_html(con: pd.DataFrame, kind: str) -> str:
-    """One contrast kind (sp-ip or ma-sa) as a table: a row per cell, a column per statistic, each cell the
+    """One contrast kind (sp-ip, ma-sa or itv-none) as a table: a row per cell, a column per statistic, each cell the
     seed-paired mean difference over its 95% CI."""
     _need(con, "contrasts.csv", ["contrast", *CELL_KEYS, "stat", "n_pairs", "mean", "lo", "hi"])
     c = con[con["contrast"] == kind]
@@ -519,6 +519,14 @@ def contrasts_section(con: pd.DataFrame | None) -> list[str]:
         "<p class='note'>Each workflow minus the single-agent baseline of the same scale, task and seed.</p>",
         contrasts_html(con, "ma-sa"),
     ]
+    if (con["contrast"] == "itv-none").any():
+        out += [
+            "<h3 id='interventions'>Interventions - none</h3>",
+            "<p class='note'>Each intervention's run minus the run without one (same workflow, sharing, scale, "
+            "task and seed), mean over seeds with its 95% CI. For cliff: negative means fewer cliffs. The "
+            "cells' own peak, terminal and cliff rate are in the summary by cell below.</p>",
+            contrasts_html(con, "itv-none"),
+        ]
     return out
 
 

@@ -1,12 +1,13 @@
 """Seeds as an axis: per-cell means with 95% CIs over seeds, and seed-matched contrasts.
 
     cells = summary_by_cell(summary)   # one row per cell: n_seeds, <stat>_mean/_lo/_hi (CELL_STATS)
-    con = contrasts(summary)           # long: contrast (sp-ip | ma-sa), cell keys, stat, n_pairs, mean, lo, hi
+    con = contrasts(summary)           # long: contrast (sp-ip | ma-sa | itv-none), cell keys, stat, n_pairs,
+                                       # mean, lo, hi
     md = ci_markdown(cells)            # the same as text, "mean [lo, hi]", "n/a" where a CI needs 2 seeds
 
 A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
-see the same problems at every step (the step's problems are a function of seed and step), so SP - IP and
-MA - SA differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds) for accuracies and
+see the same problems at every step (the step's problems are a function of seed and step), so SP - IP,
+MA - SA and intervention - none differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds) for accuracies and
 gains; stats.rate_ci (Wilson score interval) for the cliff / collapse / stagnation rates; a paired difference of
 0/1 flags (the `cliff` contrast) has its t-interval cut to the possible range [-1, 1].
 """
@@ -93,6 +94,8 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     sp-ip: per (workflow, scale, task, intervention), SP run minus IP run of the same seed; sharing "sp-ip".
     ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run minus the
     `single` run (sharing sp) of the same scale, task, intervention and seed.
+    itv-none: per cell with an intervention, that run minus the run without one (intervention none) of the
+    same workflow, sharing, scale, task and seed: what the intervention changed.
     """
     s = summary[summary["n_evals"] > 0].copy()
     for c in CONTRAST_STATS:
@@ -114,12 +117,19 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
         for st in CONTRAST_STATS:
             m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
             records.append(["ma-sa", *key, st, k, m, lo, hi])
+    cell = ["workflow", "sharing", "scale", "task", "seed"]
+    treated = s[s["intervention"] != "none"][[*cell, "intervention", *CONTRAST_STATS]]
+    pairs = _paired(treated, s[s["intervention"] == "none"][[*cell, *CONTRAST_STATS]], cell)
+    for key, g in pairs.groupby(CELL, sort=False):
+        for st in CONTRAST_STATS:
+            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
+            records.append(["itv-none", *key, st, k, m, lo, hi])
     out = pd.DataFrame.from_records(records, columns=CONTRAST_COLUMNS)
     out["n_pairs"] = out["n_pairs"].astype("int64")
     if out.empty:
         return out
     out = _sort_cells(out)
-    out["_c"] = out["contrast"].map({"sp-ip": 0, "ma-sa": 1})
+    out["_c"] = out["contrast"].map({"sp-ip": 0, "ma-sa": 1, "itv-none": 2})
     out["_s"] = out["stat"].map(CONTRAST_STATS.index)
     out = out.sort_values(["_c"], kind="stable").drop(columns=["_c", "_s"]).reset_index(drop=True)
     return out

@@ -215,6 +215,39 @@ def test_curves_share_y_per_task_with_se_bands(runs):
         assert axes[2].get_position().x0 > axes[1].get_position().x0
 
 
+def test_intervention_traces_and_contrast_section(runs, tmp_path):
+    """With an intervention run beside its none partner: the traces figure has a row per role of that cell
+    (a line per intervention, seed means), the overview gets the Interventions - none table and the figure;
+    without one, a placeholder figure and no section."""
+    from marlflow.analysis import load_runs
+    from marlflow.analysis.plots import ITV_TRACES, plot_interventions
+
+    metrics, _ = load_runs(runs)
+    assert [t.get_text() for ax in plot_interventions(metrics).axes for t in ax.texts] == [
+        "no runs with an intervention"
+    ]
+    page = (build(tmp_path, runs)["report.html"]).read_text()
+    assert "Interventions - none" not in page and "intervention_traces" not in page
+    cg = pd.read_parquet(runs[0])  # voting-ip-toy-math-s0, now also run with cliff_guard
+    cg["run_id"], cg["intervention"] = "voting-ip-toy-math-s0-cg", "cg"
+    cg.loc[cg["metric"] == "grad_norm", "value"] *= 0.5
+    path = tmp_path / "runs" / "voting-ip-toy-math-s0-cg" / "metrics.parquet"
+    write_metrics(cg, path)
+    for name in ("samples.parquet", "config.json", "DONE"):
+        shutil.copy(Path(runs[0]).parent / name, path.parent / name)
+    both = [*runs, str(path)]
+    metrics, _ = load_runs(both)
+    fig = plot_interventions(metrics)
+    assert [ax.get_title() for ax in fig.axes][:: len(ITV_TRACES)] == ["voting-ip math aggregator",
+                                                                       "voting-ip math generator"]  # fmt: skip
+    norm = fig.axes[3]  # generator grad_norm: none and cg
+    assert len(norm.lines) == 2
+    assert norm.lines[1].get_ydata()[5] == pytest.approx(0.5 * norm.lines[0].get_ydata()[5])
+    assert [t.get_text() for t in fig.axes[4].texts] == ["not logged"]  # proj_share was not logged here
+    page = (build(tmp_path / "with_cg", both)["report.html"]).read_text()
+    assert "Interventions - none" in page and "id='intervention_traces'" in page
+
+
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory, toy_model_dir) -> list[str]:
     """Two real 2-step toy runs (voting SP and IP) trained here, each folder with the config.json Snakemake

@@ -11,7 +11,8 @@ hyperparameters) and DONE.
 Output contract (rules/report.smk declares exactly these, generated from the names below, so the rule and
 this module cannot drift; every file is written atomically, and the text is deterministic: no timestamps):
 
-    <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png, careless_share.png
+    <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png, careless_share.png,
+                                              interventions.png
     <html>                                    the overview page (results/report.html)
     <pages>/RUN_PAGE for each run             one page per run, RUN_PAGE = "{run_id}.html"; <pages> defaults
                                               to the html path without its suffix (results/report/)
@@ -49,11 +50,13 @@ from marlflow.analysis import DEFINITIONS, load_runs
 from marlflow.analysis.curves import eval_curves, wide
 from marlflow.analysis.io import read_samples
 from marlflow.analysis.plots import (
+    ITV_SMOOTH,
     TIME_PARTS,
     careless_series,
     plot_careless_share,
     plot_curves,
     plot_grad_norm,
+    plot_interventions,
     plot_role_share,
     plot_run,
     plot_step_time,
@@ -78,6 +81,7 @@ FIGURES = {
     "grad_dynamics.png": (plot_grad_norm, "Per-role gradient norm vs step"),
     "role_share.png": (plot_role_share, "Per-role share of the step's gradient mass"),
     "careless_share.png": (plot_careless_share, "Careless-style share of solver outputs"),
+    "interventions.png": (plot_interventions, "Per-role gradient traces with and without each intervention"),
 }
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
@@ -652,6 +656,16 @@ def render_overview(
         figure(figures["role_share.png"], "role_share.png"),
         "<h3>Gradient dynamics (run x role)</h3>",
         table(grads[[c for c in GRAD_SHOWN if c in grads.columns]], links),
+    ]
+    if (summary["intervention"] != "none").any():
+        body += [
+            "<h3 id='intervention_traces'>With and without each intervention</h3>",
+            f"<p class='note'>Per role, the mean over seeds at each step (smoothed over {ITV_SMOOTH} steps) of "
+            "the role's own-loss gradient norm, its projection share and its same-role slot amplification; a "
+            "line per intervention, none in black. The seed-paired differences are in Interventions - none.</p>",
+            figure(figures["interventions.png"], "interventions.png"),
+        ]
+    body += [
         *cells_section(tables.get("summary_by_cell.csv")),
         *claims_section(tables.get("claims.csv")),
         "<h2 id='definitions'>Definitions</h2>",

@@ -6,6 +6,8 @@ Overview figures (all runs):
     fig = plot_grad_norm(metrics)       # per-role grad_norm vs step, SP panel next to its IP panel (log scale)
     fig = plot_role_share(metrics)      # per-role grad_share vs step, stacked, SP next to IP
     fig = plot_careless_share(metrics)  # eval careless_share vs step (toy tasks log it); placeholder if absent
+    fig = plot_interventions(metrics)   # per-role grad_norm / proj_share / slot_amplification, a line per
+                                        # intervention (none included); placeholder without interventions
 
 Per-run figures (one run's rows):
 
@@ -247,6 +249,47 @@ def careless_series(metrics: pd.DataFrame) -> pd.DataFrame:
     """Eval careless_share per run x step (role "all"); empty if no run logs it."""
     s = wide(metrics, "eval", "all", ["careless_share"])
     return s[s["careless_share"].notna()].reset_index(drop=True)
+
+
+ITV_TRACES = ["grad_norm", "proj_share", "slot_amplification"]
+ITV_SMOOTH = 5  # steps in the centred rolling mean of the per-step seed means
+
+
+def plot_interventions(metrics: pd.DataFrame) -> Figure:
+    """Per-role gradient traces with and without each intervention: a row per (cell, role) of every cell
+    that has runs with an intervention, a column per ITV_TRACES metric; a line per intervention (none in
+    black), the mean over seeds at each step, smoothed over ITV_SMOOTH steps."""
+    series = wide(metrics, "train", None, ITV_TRACES)
+    series = series[series["role"] != "all"]
+    cell = ["workflow", "sharing", "scale", "task"]
+    treated = series.loc[series["intervention"] != "none", cell].drop_duplicates()
+    if treated.empty:
+        return _placeholder("no runs with an intervention")
+    series = series.merge(treated, on=cell)
+    rows = series[[*cell, "role"]].drop_duplicates().sort_values([*cell, "role"]).to_records(index=False)
+    itvs = ["none", *sorted(set(series["intervention"]) - {"none"})]
+    palette = dict(zip(itvs, ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]))
+    fig = Figure(figsize=(3.4 * len(ITV_TRACES), 2.3 * len(rows) + 0.6), layout="constrained")
+    for i, (*key, role) in enumerate(rows):
+        sel = series[(series[cell] == key).all(axis=1) & (series["role"] == role)]
+        for j, metric in enumerate(ITV_TRACES):
+            ax = fig.add_subplot(len(rows), len(ITV_TRACES), i * len(ITV_TRACES) + j + 1)
+            for itv in itvs:  # none first, drawn under the others
+                mean = sel[sel["intervention"] == itv].groupby("step")[metric].mean().dropna()
+                if not mean.empty:
+                    smooth = mean.rolling(ITV_SMOOTH, center=True, min_periods=1).mean()
+                    ax.plot(smooth.index, smooth.values, color=palette.get(itv, "#7f7f7f"), lw=1.0)
+            ax.set_title(f"{'-'.join(key[:2])} {key[3]} {role}", fontsize=8)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_ylabel(metric, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3, lw=0.5)
+            if not ax.lines:  # e.g. slot_amplification of a role with one call per episode
+                ax.text(
+                    0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="#777"
+                )
+    _legend(fig, [Line2D([], [], color=palette[i], label=i, lw=2) for i in itvs])
+    return fig
 
 
 def plot_careless_share(metrics: pd.DataFrame) -> Figure:

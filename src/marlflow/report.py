@@ -491,8 +491,8 @@ def _need(df: pd.DataFrame, name: str, columns: Sequence[str]) -> None:
 
 
 def contrasts_html(con: pd.DataFrame, kind: str) -> str:
-    """One contrast kind (sp-ip, ma-sa or itv-none) as a table: a row per cell, a column per statistic, each cell the
-    seed-paired mean difference over its 95% CI."""
+    """One contrast kind (sp-ip, ma-sa or itv-none) as a table: a row per cell, a column per statistic, each
+    cell the seed-paired mean difference over its 95% CI."""
     _need(con, "contrasts.csv", ["contrast", *CELL_KEYS, "stat", "n_pairs", "mean", "lo", "hi"])
     c = con[con["contrast"] == kind]
     if c.empty:

@@ -121,7 +121,8 @@ class VLLMBackend:
         sweep_stale_dirs()
         # The pid in the name lets a later run remove what a killed one left (SIGKILL runs no cleanup).
         self._dir = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
-        atexit.register(self.close)
+        # The path, not self: a bound method would keep the engine alive until the interpreter exits.
+        atexit.register(shutil.rmtree, self._dir, ignore_errors=True)
         self._version = 0
         g = cfg.grpo
         try:
@@ -195,5 +196,5 @@ class VLLMBackend:
         return ids
 
     def close(self) -> None:
-        """Remove the published adapters (idempotent: fit() and interpreter exit both call it)."""
+        """Remove the published adapters (idempotent: fit() calls it, and interpreter exit removes them too)."""
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -7,9 +7,9 @@
 
 A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
 see the same problems at every step (the step's problems are a function of seed and step), so SP - IP,
-MA - SA and intervention - none differences are paired by seed. Intervals: stats.mean_ci (t-interval over seeds) for accuracies and
-gains; stats.rate_ci (Wilson score interval) for the cliff / collapse / stagnation rates; a paired difference of
-0/1 flags (the `cliff` contrast) has its t-interval cut to the possible range [-1, 1].
+MA - SA and intervention - none differences are paired by seed. Intervals: stats.mean_ci (t-interval over
+seeds) for accuracies and gains; stats.rate_ci (Wilson score interval) for the cliff / collapse / stagnation
+rates; a paired difference of 0/1 flags (the `cliff` contrast) has its t-interval cut to the range [-1, 1].
 """
 
 from __future__ import annotations
@@ -88,6 +88,17 @@ def _diff_ci(diff: pd.Series, stat: str) -> tuple[float, float, float, int]:
     return m, lo, hi, k
 
 
+def _differences(name: str, left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> list[list]:
+    """CONTRAST_COLUMNS records: per CELL of `left`, its runs minus their `right` partners matched on `on`."""
+    pairs = _paired(left[[*CELL, "seed", *CONTRAST_STATS]], right[[*on, *CONTRAST_STATS]], on)
+    records = []
+    for key, g in pairs.groupby(CELL, sort=False):
+        for st in CONTRAST_STATS:
+            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
+            records.append([name, *key, st, k, m, lo, hi])
+    return records
+
+
 def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     """Seed-matched differences with CIs over seeds (CONTRAST_COLUMNS).
 
@@ -100,38 +111,21 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     s = summary[summary["n_evals"] > 0].copy()
     for c in CONTRAST_STATS:
         s[c] = s[c].astype(float)
-    keep = ["workflow", "scale", "task", "intervention", "seed", *CONTRAST_STATS]
-    records = []
-    sp = s[s["sharing"] == "sp"][keep]
-    ip = s[s["sharing"] == "ip"][keep]
-    pairs = _paired(sp, ip, ["workflow", "scale", "task", "intervention", "seed"])
-    for key, g in pairs.groupby(["workflow", "scale", "task", "intervention"], sort=False):
-        for st in CONTRAST_STATS:
-            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
-            records.append(["sp-ip", key[0], "sp-ip", *key[1:], st, k, m, lo, hi])
-    single = s[(s["workflow"] == "single") & (s["sharing"] == "sp")]
-    single = single[["scale", "task", "intervention", "seed", *CONTRAST_STATS]]
-    multi = s[s["workflow"] != "single"][["sharing", *keep]]
-    pairs = _paired(multi, single, ["scale", "task", "intervention", "seed"])
-    for key, g in pairs.groupby(["workflow", "sharing", "scale", "task", "intervention"], sort=False):
-        for st in CONTRAST_STATS:
-            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
-            records.append(["ma-sa", *key, st, k, m, lo, hi])
-    cell = ["workflow", "sharing", "scale", "task", "seed"]
-    treated = s[s["intervention"] != "none"][[*cell, "intervention", *CONTRAST_STATS]]
-    pairs = _paired(treated, s[s["intervention"] == "none"][[*cell, *CONTRAST_STATS]], cell)
-    for key, g in pairs.groupby(CELL, sort=False):
-        for st in CONTRAST_STATS:
-            m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
-            records.append(["itv-none", *key, st, k, m, lo, hi])
+    multi, single = s[s["workflow"] != "single"], s[(s["workflow"] == "single") & (s["sharing"] == "sp")]
+    same_cell = ["workflow", "sharing", "scale", "task", "seed"]
+    records = [
+        *_differences("sp-ip", s[s["sharing"] == "sp"].assign(sharing="sp-ip"), s[s["sharing"] == "ip"],
+                      ["workflow", "scale", "task", "intervention", "seed"]),
+        *_differences("ma-sa", multi, single, ["scale", "task", "intervention", "seed"]),
+        *_differences("itv-none", s[s["intervention"] != "none"], s[s["intervention"] == "none"], same_cell),
+    ]  # fmt: skip
     out = pd.DataFrame.from_records(records, columns=CONTRAST_COLUMNS)
     out["n_pairs"] = out["n_pairs"].astype("int64")
     if out.empty:
         return out
     out = _sort_cells(out)
     out["_c"] = out["contrast"].map({"sp-ip": 0, "ma-sa": 1, "itv-none": 2})
-    out["_s"] = out["stat"].map(CONTRAST_STATS.index)
-    out = out.sort_values(["_c"], kind="stable").drop(columns=["_c", "_s"]).reset_index(drop=True)
+    out = out.sort_values(["_c"], kind="stable").drop(columns=["_c"]).reset_index(drop=True)
     return out
 
 

@@ -6,6 +6,7 @@ even for a barely trained model, so every step has non-zero advantages and real 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -17,6 +18,7 @@ from marlflow.metrics import METRIC_COLUMNS, validate_metrics
 from marlflow.tasks import Problem, register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer, run
+from marlflow.trainer import _pieces
 from marlflow.workflows import Call, Episode, rollout
 
 
@@ -127,11 +129,15 @@ def test_toy_code_step_runs_in_sandbox(make_cfg, tmp_path):
     assert acc.value.between(0, 1).all() and len(acc) == 2
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "bnpo"])
-def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp_path, loss_type):
-    """update() runs only calls with nonzero advantage, per role and slot; its loss and gradient norm must
-    equal TRL's `_compute_loss` on the policy's whole batch, zero-advantage calls included."""
-    trainer = build_trainer(make_cfg("voting", "sp", task="parity", loss_type=loss_type), tmp_path)
+@pytest.mark.parametrize("loss_type,mb", [("grpo", 0), ("dapo", 0), ("bnpo", 0), ("grpo", 3), ("dapo", 3)])
+def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp_path, loss_type, mb):
+    """update() runs only calls with nonzero advantage, per role and slot, in length-sorted chunks of at most
+    `micro_batch_size` calls; its loss and gradient norm must equal TRL's `_compute_loss` on the policy's
+    whole batch, zero-advantage calls included."""
+    cfg = dataclasses.replace(
+        make_cfg("voting", "sp", task="parity", loss_type=loss_type), micro_batch_size=mb
+    )
+    trainer = build_trainer(cfg, tmp_path)
     episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
     calls, _, adv, _, _ = trainer.flatten(episodes)
     adv = adv.clone()
@@ -148,3 +154,18 @@ def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp
     assert stats["all"]["loss"] == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)
     assert stats["all"]["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
     assert stats["generator"]["live_frac"] < 1
+
+
+def test_pieces_sort_each_slot_by_length_and_cap_chunks():
+    """Chunks stay inside a slot, hold at most mb calls, are length-sorted and cover every call once."""
+    lengths = [9, 3, 7, 1, 5, 8, 2]
+    slots = ["g0", "g1", "g0", "g0", "g1", "g0", "agg"]
+    calls = [
+        Call(role="r", slot=s, messages=[], prompt_ids=[0] * n, completion_ids=[0])
+        for n, s in zip(lengths, slots)
+    ]
+    pieces = _pieces(list(range(7)), calls, 2)
+    assert pieces == [[[3, 2], [5, 0]], [[1, 4]], [[6]]]  # g0 by length 1, 7, 8, 9; then g1; then agg
+    flat = [i for slot in pieces for piece in slot for i in piece]
+    assert sorted(flat) == list(range(7))
+    assert _pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]

@@ -352,7 +352,9 @@ class RunConfig:
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
     intervention / intervention_spec: the intervention's name (an axis value, in the run id unless 'none') and
         its definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions).
-    micro_batch_size: role calls per forward/backward chunk (0 = a role's whole sub-batch at once).
+    micro_batch_size: role calls per forward/backward chunk, within one slot (0 = a slot's calls at once).
+        32 by default: on the toy runs (CPU) one 64-call chunk cost more than two of 32 (update() 8-11%
+        slower, benchmarks/RESULTS.md "Step time vs plain TRL"); smaller chunks pay per-call overhead.
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
     vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
         CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
@@ -379,7 +381,7 @@ class RunConfig:
     n_votes: int = 3
     n_workers: int = 3
     samples_per_eval: int = 4
-    micro_batch_size: int = 0
+    micro_batch_size: int = 32
     keep_checkpoints: int = 0
     vllm_gpu_memory_utilization: float = 0.3
     report_to: list = field(default_factory=list)
@@ -401,7 +403,7 @@ class RunConfig:
         _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
         _check(self.device in DEVICES, f"device {self.device!r}: use cpu, cuda or auto")
         object.__setattr__(self, "intervention_spec", check_intervention(self))
-        _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = whole role sub-batch)")
+        _check(self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0 = a slot's calls in one chunk)")
         _check(self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0 = keep all)")
         _check(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization must be in (0, 1)")
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")

@@ -100,13 +100,21 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
 
 
 def _pieces(ridx: list[int], calls, mb: int) -> list[list[list[int]]]:
-    """A role's calls per slot (first-seen slot order), each slot in forward-backward chunks of at most `mb`
-    calls. Chunks stay within a slot because calls of one slot have similar lengths (little padding;
-    Eval-Opt's refinement prompts are ~5x its first prompt) and because each slot's gradient is measured."""
+    """A role's calls per slot (first-seen slot order), each slot sorted by length and cut into
+    forward-backward chunks of at most `mb` calls.
+
+    Chunks stay within a slot because calls of one slot have similar lengths (little padding; Eval-Opt's
+    refinement prompts are ~5x its first prompt) and because each slot's gradient is measured. Sorting puts
+    calls of similar length in one chunk, so a chunk pads to its own longest call, not the slot's. Both are
+    exact: every chunk's loss carries its `role_loss_weight`, and gradients add up over chunks."""
     by_slot: dict[str, list[int]] = defaultdict(list)
     for i in ridx:
         by_slot[calls[i].slot].append(i)
-    return [[idx[s : s + mb] for s in range(0, len(idx), mb)] for idx in by_slot.values()]
+    out = []
+    for idx in by_slot.values():
+        idx = sorted(idx, key=lambda i: len(calls[i].prompt_ids) + len(calls[i].completion_ids))
+        out.append([idx[s : s + mb] for s in range(0, len(idx), mb)])
+    return out
 
 
 def _finite(d: dict, **values: float) -> None:
@@ -287,7 +295,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         total_loss, finite, policy_norms = 0.0, True, {}
         roles_of: dict[str, list[str]] = {}
         own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r), for the EMA once all is finite
-        mb = cfg.micro_batch_size or len(calls)
+        mb = cfg.micro_batch_size or len(calls)  # 0: a slot in one chunk
         active = cfg.intervention_spec["kind"] != "none"
         itv_own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r) for the intervention
         for policy in cfg.policies:

@@ -169,3 +169,33 @@ def test_pieces_sort_each_slot_by_length_and_cap_chunks():
     flat = [i for slot in pieces for piece in slot for i in piece]
     assert sorted(flat) == list(range(7))
     assert _pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, temperature):
+    """HFBackend prefills each distinct prompt once and copies its cache to the rows that repeat it; the
+    completions (greedy, and sampled from the same RNG state) are those of a full prefill of every row."""
+    from marlflow.generation import Sampling
+
+    trainer = build_trainer(make_cfg("voting", "sp", task="parity"), tmp_path)
+    backend = trainer.backend
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, *_ = trainer.flatten(episodes)
+    prompts = [c.prompt_ids for c in calls]  # 2 problems x 4 rollouts x 3 voters + aggregators
+    assert len({tuple(p) for p in prompts}) < len(prompts)
+    sampling = Sampling(temperature, 1.0, 12)
+    shapes = []  # (rows, positions) of each forward, seen by the embedding layer
+    embed = trainer.model.get_input_embeddings()
+    hook = embed.register_forward_pre_hook(lambda m, a: shapes.append(tuple(a[0].shape)))
+    out, first = {}, {}
+    for share in (False, True):
+        backend.share_prefill = share
+        shapes.clear()
+        torch.manual_seed(5)
+        out[share] = backend.generate("shared", prompts, sampling)
+        first[share] = shapes[:2]
+    hook.remove()
+    width, unique = max(map(len, prompts)), len({tuple(p) for p in prompts})
+    assert first[False][0] == (len(prompts), width)  # every row prefilled
+    assert first[True] == [(unique, width - 1), (len(prompts), 1)]  # distinct prompts once, then last token
+    assert out[True] == out[False]

@@ -101,6 +101,7 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         self.calls = 0  # generate calls issued, for the benchmark and the batching test
         self.last_logps = None  # HF generate does not report them; the trainer's own forward is the reference
+        self.share_prefill = True  # prefill each distinct prompt once (see _shared_prefill)
 
     def on_update(self) -> None:
         """Called after every optimizer step; generation reads the live model, so nothing to sync."""
@@ -136,11 +137,43 @@ class HFBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+            ids, mask = ids.to(device), mask.to(device)
+            cache = self._shared_prefill(ids, mask) if self.share_prefill else None
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+            out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         finally:
             self.model.train(was_training)
         gen = out[:, width:].tolist()
         return [trim_completion(g, self.eos_ids) for g in gen]
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
+        """A KV cache of every row's prompt but its last token, computed once per distinct prompt, or None when
+        no prompt repeats.
+
+        A stage's rows repeat their prompts (G rollouts of a problem; Voting's voters share one prompt), and
+        prefill is most of a short completion's cost: Voting's 192 generator rows are 8 distinct prompts.
+        `generate` then runs only the last prompt token and the decode steps. The logits equal those of a
+        full prefill up to float rounding (the same computation in another batch shape)."""
+        rows = ids.tolist()
+        first: dict[tuple, int] = {}
+        inv = [first.setdefault(tuple(r), len(first)) for r in rows]
+        if len(first) == len(rows) or ids.shape[1] < 2:
+            return None
+        uniq = torch.tensor([inv.index(k) for k in range(len(first))], device=ids.device)
+        cache = _prefill_cache(self.model, ids[uniq, :-1], mask[uniq, :-1])
+        cache.reorder_cache(torch.tensor(inv, device=ids.device))
+        return cache
+
+
+def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor):
+    """The KV cache of `ids` (B, T) left-padded under `mask` (B, T), with the positions `generate` gives them."""
+    from transformers import DynamicCache
+
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    return cache
 
 
 def make_backend(kind: str, model, tokenizer, policies: tuple[str, ...], cfg=None):

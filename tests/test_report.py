@@ -37,7 +37,7 @@ def make_run(root: Path, run_id: str, acc: list[float], shares: dict[str, float]
     n = 200
     for k, a in enumerate(acc):
         step = 10 * k
-        vals = {"accuracy": a, "accuracy_se": (a * (1 - a) / n) ** 0.5, "n_eval": n}
+        vals = {"accuracy": a, "accuracy_se": (a * (1 - a) / n) ** 0.5, "n_eval": n, "time_eval": 5.0}
         if careless is not None:
             vals["careless_share"] = careless[k]
         recs += rows(fac, step, "eval", "all", vals)
@@ -140,6 +140,8 @@ def test_overview_page(tmp_path, runs):
             assert f"<li>{html.escape(item)}</li>" in page, item
     # wall time = sum of step_time: 20 steps x 2.0 s x 4 runs
     assert "2.7 min total; per run 40.0 s to 40.0 s" in page  # 160 s
+    # evaluation = sum of time_eval: 3 evals x 5.0 s x 4 runs = 60 s, 60 / (60 + 160) of the time
+    assert "60.0 s total, 27% of training plus evaluation" in page
     assert "preset</td><td>toy" in page
     # real tables, no markdown in <pre>
     assert "|---|" not in page and page.count("<table") >= 5

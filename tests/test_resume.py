@@ -1,6 +1,6 @@
 """Resume equivalence: a run killed with SIGKILL and rerun ends exactly where an uninterrupted run ends.
 
-Compared: every metric except wall-clock timings (step_time, time_*), bit for bit, and every adapter
+Compared: every metric except wall-clock timings (step_time, time_*, incl. time_eval), bit for bit, and every adapter
 tensor with torch.equal. On one CPU machine with a fixed seed the computation is deterministic (same
 kernels, same thread count, same order), so we require exact equality rather than a tolerance; a
 tolerance would only hide a resume bug such as a restored RNG stream being off by one draw.
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 HERE = Path(__file__).parent
-TIMING = ("step_time", "time_generate", "time_score", "time_backward", "time_other")
+TIMING = ("step_time", "time_generate", "time_score", "time_backward", "time_other", "time_eval")
 
 
 def _train(cfg_path: Path, out: Path, env=None) -> subprocess.Popen:

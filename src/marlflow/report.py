@@ -369,6 +369,17 @@ def train_seconds(metrics: pd.DataFrame) -> pd.Series:
     return t.groupby("run_id")["step_time"].sum()
 
 
+def eval_time_text(metrics: pd.DataFrame, train_s: float) -> str:
+    """Total evaluation time and its share of training plus evaluation (runs that log `time_eval`)."""
+    t = metrics[
+        (metrics["split"] == "eval") & (metrics["role"] == "all") & (metrics["metric"] == "time_eval")
+    ]
+    if t.empty:
+        return "not logged"
+    ev = float(t["value"].sum())
+    return f"{duration(ev)} total, {ev / (ev + train_s):.0%} of training plus evaluation"
+
+
 def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
     s = careless_series(metrics)
     out = {}
@@ -397,6 +408,7 @@ def provenance_section(run_info: dict[str, dict], metrics: pd.DataFrame, commit:
             if len(secs)
             else "not logged",
         ),
+        ("evaluation wall time (sum of time_eval over runs)", eval_time_text(metrics, float(secs.sum()))),
     ]
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     return ["<h2 id='provenance'>Provenance</h2>", kv_table([*pairs, ("package versions", versions)])]

@@ -545,6 +545,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         own RNG, which torch's seed does not reach).
         """
         cfg = self.cfg
+        t0 = time.perf_counter()
         seed = cfg.seed + EVAL_SEED_OFFSET
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
@@ -567,6 +568,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if hasattr(self.task, "careless"):  # toy tasks: how often solvers use the style RL should drop
             solved = [c.text for e in episodes for c in e.calls if c.role in ("generator", "worker")]
             values["careless_share"] = float(np.mean([self.task.careless(t) for t in solved]))
+        values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
         self.metric_rows += rows(cfg.factors, step, "eval", "all", values)
         by_role = defaultdict(list)
         for e in episodes:

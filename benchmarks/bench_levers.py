@@ -12,7 +12,6 @@ per completion (role call) per step, and the ratio B / A is taken per step, then
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import platform
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_vs_trl import toy_parser  # this folder is on sys.path when run as a script
 
 from marlflow.config import RunConfig
 from marlflow.matrix import run_sheet
@@ -41,13 +41,8 @@ def _last_step(trainer) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--matrix", default="matrix.yaml")
-    ap.add_argument("--task", default="math", choices=["math", "code"])
-    ap.add_argument("--sharing", default="sp", choices=["sp", "ip"])
+    ap = toy_parser(__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8, help="measured steps per workflow, after 1 warm-up")
-    ap.add_argument("--workflows", nargs="+", default=["single", "eval_opt", "voting", "orch_workers"])
     ap.add_argument("--json", help="write every step's numbers here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -393,13 +393,19 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def toy_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every toy step benchmark takes: model, matrix, task, sharing, workflows."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="results/models/toy")
     ap.add_argument("--matrix", default="matrix.yaml")
     ap.add_argument("--task", default="math", choices=["math", "code"])
     ap.add_argument("--sharing", default="sp", choices=["sp", "ip"])
     ap.add_argument("--workflows", nargs="+", default=list(WORKFLOWS), choices=WORKFLOWS)
+    return ap
+
+
+def main(argv=None) -> None:
+    ap = toy_parser(__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=8, help="measured (ours, TRL) pairs per workflow")
     ap.add_argument(
         "--ours-micro-batch",

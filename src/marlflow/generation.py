@@ -138,7 +138,7 @@ class HFBackend:
         self.model.eval()
         try:
             ids, mask = ids.to(device), mask.to(device)
-            cache = self._shared_prefill(ids, mask) if self.share_prefill else None
+            cache = self._shared_prefill(prompts, ids, mask) if self.share_prefill else None
             if cache is not None:
                 kwargs["past_key_values"] = cache
             out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
@@ -147,20 +147,25 @@ class HFBackend:
         gen = out[:, width:].tolist()
         return [trim_completion(g, self.eos_ids) for g in gen]
 
-    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
+    def _shared_prefill(self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor):
         """A KV cache of every row's prompt but its last token, computed once per distinct prompt, or None when
-        no prompt repeats.
+        no prompt repeats. `ids` / `mask` are `prompts` left-padded (B, T).
 
         A stage's rows repeat their prompts (G rollouts of a problem; Voting's voters share one prompt), and
         prefill is most of a short completion's cost: Voting's 192 generator rows are 8 distinct prompts.
         `generate` then runs only the last prompt token and the decode steps. The logits equal those of a
-        full prefill up to float rounding (the same computation in another batch shape)."""
-        rows = ids.tolist()
-        first: dict[tuple, int] = {}
-        inv = [first.setdefault(tuple(r), len(first)) for r in rows]
-        if len(first) == len(rows) or ids.shape[1] < 2:
+        full prefill up to float rounding (the same computation in another batch shape). Rows are matched on
+        the prompts themselves, not the padded ids, so a prompt that starts with the pad token stays apart."""
+        index: dict[tuple, int] = {}
+        first, inv = [], []  # first row of each distinct prompt; each row's distinct prompt
+        for row, p in enumerate(prompts):
+            k = index.setdefault(tuple(p), len(index))
+            if k == len(first):
+                first.append(row)
+            inv.append(k)
+        if len(first) == len(prompts) or ids.shape[1] < 2:
             return None
-        uniq = torch.tensor([inv.index(k) for k in range(len(first))], device=ids.device)
+        uniq = torch.tensor(first, device=ids.device)
         cache = _prefill_cache(self.model, ids[uniq, :-1], mask[uniq, :-1])
         cache.reorder_cache(torch.tensor(inv, device=ids.device))
         return cache

@@ -22,8 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from marlflow.metrics import TIMING_METRICS
+
 HERE = Path(__file__).parent
-TIMING = ("step_time", "time_generate", "time_score", "time_backward", "time_other", "time_eval")
 
 
 def _train(cfg_path: Path, out: Path, env=None) -> subprocess.Popen:
@@ -44,7 +45,7 @@ def _adapters(run: Path) -> dict:
 
 def _metrics(run: Path) -> pd.DataFrame:
     m = pd.read_parquet(run / "metrics.parquet")
-    m = m[~m.metric.isin(TIMING)]
+    m = m[~m.metric.isin(TIMING_METRICS)]
     return m.sort_values(["step", "split", "role", "metric"]).reset_index(drop=True)
 
 

@@ -26,6 +26,8 @@ import pyarrow as pa
 FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
 METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
 SPLITS = ("train", "eval")
+# Wall-clock metrics: they vary run to run, so resume and re-evaluation compare everything but these.
+TIMING_METRICS = ("step_time", "time_generate", "time_score", "time_backward", "time_other", "time_eval")
 # samples.parquet: a few full eval episodes per evaluation, one row per role call.
 SAMPLE_COLUMNS = [*FACTOR_COLUMNS, "step", "episode", "uid", "slot", "role", "prompt", "output", "reward",
                   "format_failure"]  # fmt: skip

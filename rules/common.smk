@@ -1,11 +1,9 @@
 # The run sheet (one row per training run) and helpers shared by all rules.
-import json
 import os
 import sys
 import re
 
 from marlflow.config import SCALES
-from marlflow.metrics import atomic_write_text
 from marlflow.matrix import (
     ALIASES,
     AXES,
@@ -67,11 +65,3 @@ def scale_resource(name, default):
         return int(value) if str(value).isdigit() else value
 
     return get
-
-
-def write_config(config_json, path, log_path):
-    """Write one run's config.json atomically (pretty-printed) and note it in the rule's log."""
-    atomic_write_text(
-        path, json.dumps(json.loads(config_json), indent=2, sort_keys=True) + "\n"
-    )
-    atomic_write_text(log_path, f"wrote {path}\n")

@@ -8,6 +8,7 @@ from marlflow.matrix import (
     ALIASES,
     AXES,
     MatrixError,
+    check_run_ids,
     jobs_use_this_python,
     run_sheet,
     work_estimate,
@@ -20,7 +21,9 @@ def _load_sheet():
     # Axis restrictions from --config (e.g. workflows=[voting] tasks=[math]) narrow the preset.
     overrides = {k: config[k] for k in (*AXES, *ALIASES) if k in config}
     try:
-        return run_sheet(config["matrix"], config.get("preset"), overrides)
+        sheet = run_sheet(config["matrix"], config.get("preset"), overrides)
+        check_run_ids(config["matrix"])  # one run id, one run, across every preset
+        return sheet
     except MatrixError as err:
         # Same one-paragraph message and exit code as `python -m marlflow.matrix`, no traceback.
         print(f"error: {err}", file=sys.stderr)

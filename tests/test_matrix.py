@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from marlflow.config import RunConfig
-from marlflow.matrix import MatrixError, run_id, run_sheet
+from marlflow.matrix import MatrixError, check_run_ids, run_id, run_sheet
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "matrix.yaml"
@@ -174,3 +174,41 @@ def test_work_estimate_puts_the_longest_runs_first():
     assert w["voting-sp-toy-math-s0"] == 4 * w["single-sp-toy-math-s0"] == w["eval_opt-sp-toy-math-s0"]
     assert w["orch_workers-ip-toy-math-s0"] == 5 * w["single-sp-toy-math-s0"]
     assert w["orch_workers-ip-toy-code-s0"] == max(w.values())
+
+
+def test_a_run_id_means_one_run_across_presets():
+    """A run id names its folder, so two presets may share one only for the same run (toy_seeds' seed 0 is
+    toy's run); presets that train a cell differently carry a `tag:` (smoke, toy_long and its
+    toy_interventions, paper_micro and its CI slice)."""
+    check_run_ids(MATRIX)  # the shipped presets
+    toy, seeds = run_sheet(MATRIX, "toy"), run_sheet(MATRIX, "toy_seeds")
+    assert set(toy.index) < set(seeds.index)
+    assert all(rid.endswith("-smoke") for rid in run_sheet(MATRIX, "smoke").index)
+    long_ids = set(run_sheet(MATRIX, "toy_long").index)
+    assert long_ids == {
+        run_id(w, "ip", "toy", "math", s, tag="long") for w in ("voting", "orch_workers") for s in range(3)
+    }
+    assert long_ids < set(run_sheet(MATRIX, "toy_interventions").index)  # the `none` runs are shared
+    assert "voting-ip-toy-math-s0-long-cg" in run_sheet(MATRIX, "toy_interventions").index
+    assert all(rid.endswith("-micro") for rid in run_sheet(MATRIX, "paper_micro_ci").index)
+
+
+def test_two_presets_that_train_one_run_id_differently_are_rejected(tmp_path):
+    def longer(d, tag=None):
+        d["presets"]["toy_more"] = {"extends": "toy", "grpo": {"steps": 80}, **({"tag": tag} if tag else {})}
+
+    with pytest.raises(MatrixError) as err:
+        check_run_ids(edited(longer))
+    msg = str(err.value)
+    assert "presets.toy and presets.toy_more" in msg and "'single-sp-toy-math-s0'" in msg
+    assert "grpo.steps: 40 -> 80" in msg and "`tag:`" in msg
+    fixed = edited(lambda d: longer(d, tag="more"))
+    check_run_ids(fixed)
+    assert "single-sp-toy-math-s0-more" in run_sheet(fixed, "toy_more").index
+    with pytest.raises(MatrixError, match=r"presets\.toy_more\.tag"):
+        run_sheet(edited(lambda d: longer(d, tag="More!")), "toy_more")
+    # The CLI (and the Snakefile, which calls the same check) refuses the file: exit 2, one line.
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(edited(longer)))
+    out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "toy_more" in out.stderr

@@ -90,3 +90,39 @@ def test_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, 
     a, _ = kill_and_resume(cfg, tmp_path)
     # the run really trained: adapters are not at their zero init
     assert any(v.abs().sum() > 0 for f in a for k, v in a[f].items() if "lora_B" in k)
+
+
+def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, caplog):
+    """A changed cell of matrix.yaml reruns its run (the config is a Snakemake param). The rerun must train the
+    new config from step 0, not resume the old config's checkpoints, which would splice two runs into one
+    curve: it equals a run of the new config in a fresh folder, and the old checkpoints are moved aside, not
+    deleted. A config that differs only in provenance (the preset that listed the run) resumes."""
+    from marlflow import train as T
+    from marlflow.config import config_fingerprint
+
+    old = make_cfg("single", "sp", steps=2, eval_every=2, save_every=1)
+    new = dataclasses.replace(old, grpo=dataclasses.replace(old.grpo, learning_rate=3e-3))
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    T.run(old, run)
+    old_marker = json.loads((run / "checkpoints" / "step-2" / "COMPLETE").read_text())
+    assert old_marker["step"] == 2 and old_marker["config"]["grpo"]["learning_rate"] == 1e-2
+    with caplog.at_level("WARNING", logger="marlflow.checkpoint"):
+        T.run(new, run)
+    moved = run / f"checkpoints-superseded-{old_marker['config_fingerprint'][:12]}"
+    assert json.loads((moved / "step-2" / "COMPLETE").read_text()) == old_marker
+    assert "grpo.learning_rate: 0.01 -> 0.003" in caplog.text and "training from step 0" in caplog.text
+    T.run(new, fresh)
+    pd.testing.assert_frame_equal(_metrics(run), _metrics(fresh))
+    mine, theirs = _adapters(run), _adapters(fresh)
+    assert mine.keys() == theirs.keys()
+    for f in mine:
+        for k in mine[f]:
+            assert torch.equal(mine[f][k], theirs[f][k]), (f, k)
+    # Only the preset's name differs: the same run, resumed from its step-2 checkpoint, nothing moved.
+    renamed = dataclasses.replace(new, preset="toy_seeds")
+    assert config_fingerprint(renamed.to_dict()) == config_fingerprint(new.to_dict())
+    T.run(renamed, run)
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoints")) == [
+        "checkpoints",
+        moved.name,
+    ]

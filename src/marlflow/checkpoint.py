@@ -6,18 +6,26 @@
                        (marlflow.interventions.State), the Python / NumPy / torch / CUDA RNG states, step
                        and NaN streak
     metrics.parquet    the metric rows so far; samples.parquet: the sample rows so far
-    COMPLETE           written last; a folder without it is never resumed from
+    COMPLETE           written last; a folder without it is never resumed from. JSON: the step, and the
+                       run config's training identity and its fingerprint (marlflow.config)
 It is written to `.step-N.tmp` and renamed into place, so a kill at any moment leaves the newest complete
 checkpoint loadable; `keep_checkpoints` prunes older ones after the rename. Resume equivalence (a run killed
 and resumed writes the same metrics and adapters as one that was not) rests on this module restoring every
 piece of state that `save` writes; tests/test_resume.py checks it.
 
 The trainer calls `save(trainer)` every `grpo.save_every` steps and `restore(trainer)` at start.
+
+Checkpoints of another config are never resumed from. When a cell of matrix.yaml changes, Snakemake reruns that
+run under the new config, and resuming it from the old config's step 30 would mix two runs in one curve.
+`restore` then moves `checkpoints/` aside to `checkpoints-superseded-<fingerprint>/` (kept, not deleted; remove
+it to free the space), logs what differs, and training starts at step 0. Checkpoints written before the
+fingerprint existed carry none and are resumed from as before.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import random
 import shutil
@@ -28,6 +36,7 @@ import pandas as pd
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+from marlflow.config import config_differences, config_fingerprint, training_identity
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
 
 log = logging.getLogger("marlflow.checkpoint")
@@ -97,7 +106,15 @@ def _write(trainer, tmp: Path) -> None:
     )
     write_metrics(pd.DataFrame(trainer.metric_rows), tmp / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), tmp / "samples.parquet")
-    atomic_write_json(tmp / "COMPLETE", {"step": trainer.step})
+    cfg = trainer.cfg.to_dict()
+    atomic_write_json(
+        tmp / "COMPLETE",
+        {
+            "step": trainer.step,
+            "config_fingerprint": config_fingerprint(cfg),
+            "config": training_identity(cfg),
+        },
+    )
 
 
 def restore(trainer) -> bool:
@@ -107,6 +124,8 @@ def restore(trainer) -> bool:
     if not ckpts:
         return False
     ckpt = ckpts[-1]
+    if _supersede_if_other_config(trainer, ckpt):
+        return False
     state = torch.load(ckpt / "state.pt", weights_only=False)
     for p, sd in state["adapters"].items():
         set_peft_model_state_dict(trainer.model, sd, adapter_name=p)
@@ -128,4 +147,29 @@ def restore(trainer) -> bool:
     # first step after a resume would sample from the wrong policy and train on it as on-policy.
     trainer.backend.on_update()
     log.info("resumed from %s", ckpt)
+    return True
+
+
+def _supersede_if_other_config(trainer, ckpt: Path) -> bool:
+    """Move the run's checkpoints aside if `ckpt` was written under another training config; True if moved."""
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    theirs = marker.get("config_fingerprint") if isinstance(marker, dict) else None
+    mine = trainer.cfg.to_dict()
+    if theirs is None or theirs == config_fingerprint(mine):
+        return False
+    root = trainer.out_dir / "checkpoints"
+    dest = trainer.out_dir / f"checkpoints-superseded-{theirs[:12]}"
+    n = 1
+    while dest.exists():  # the same old config superseded twice (A -> B -> A -> B): keep both
+        n += 1
+        dest = trainer.out_dir / f"checkpoints-superseded-{theirs[:12]}-{n}"
+    diff = "; ".join(config_differences(marker.get("config", {}), mine)) or "fingerprint only"
+    root.rename(dest)
+    log.warning(
+        "%s holds checkpoints of another config (%s): not resuming from them; moved to %s (delete it to free the "
+        "space) and training from step 0",
+        root,
+        diff,
+        dest,
+    )
     return True

@@ -10,6 +10,7 @@ TRL's `GRPOConfig`. Defaults follow arXiv 2605.24202's code release where the pa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -497,3 +498,35 @@ class RunConfig:
         except RecursionError:
             raise ConfigError("is nested too deeply to be a run config") from None
         return cls.from_dict(doc)
+
+
+# Fields that say where a run came from or how its files are kept, not what it trains: two configs that differ
+# only here describe the same run (a run shared by two presets, a tracker added later). Checkpoints and the
+# matrix's run-id check compare configs without them.
+PROVENANCE_FIELDS = ("preset", "report_to", "keep_checkpoints")
+
+
+def training_identity(d: dict) -> dict:
+    """A run config's dict (`RunConfig.to_dict()`) without PROVENANCE_FIELDS: what decides the run's numbers."""
+    return {k: v for k, v in d.items() if k not in PROVENANCE_FIELDS}
+
+
+def config_fingerprint(d: dict) -> str:
+    """sha256 of `training_identity(d)` as sorted JSON: equal for configs that train the same run."""
+    return hashlib.sha256(json.dumps(training_identity(d), sort_keys=True).encode()).hexdigest()
+
+
+def config_differences(a: dict, b: dict, limit: int = 4) -> list[str]:
+    """Up to `limit` 'key: a -> b' lines (nested keys dotted) where the training identities of a and b differ."""
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    fa, fb = flat(training_identity(a)), flat(training_identity(b))
+    missing = "(unset)"
+    diffs = [f"{k}: {_short(fa.get(k, missing), 40)} -> {_short(fb.get(k, missing), 40)}"
+             for k in sorted(set(fa) | set(fb)) if fa.get(k, missing) != fb.get(k, missing)]  # fmt: skip
+    return diffs[:limit] + ([f"... {len(diffs) - limit} more"] if len(diffs) > limit else [])

@@ -9,6 +9,10 @@ paragraph that names the key path and the fix.
     python -m marlflow.matrix matrix.yaml                  # validate, print the default preset's run sheet
     python -m marlflow.matrix matrix.yaml --preset paper --json
 
+A run id names the run's folder, so it must mean one run across all presets: `check_run_ids` (run by this
+command and by the Snakefile) rejects two presets that train one id differently; a preset's `tag:` keeps
+their ids apart (toy_long's runs are `...-s0-long`).
+
 The file is read defensively, since a matrix file may come from anywhere: at most MAX_FILE_BYTES, strict
 UTF-8, YAML with duplicate keys rejected, nesting at most MAX_DEPTH deep and at most MAX_NODES values after
 alias expansion (a 5 KB "billion laughs" file fails in milliseconds), every mapping key a string, every
@@ -523,9 +527,41 @@ def _matches(when: dict, cell: dict) -> bool:
     return all(cell[k] in v for k, v in when.items())
 
 
-def run_id(workflow: str, sharing: str, scale: str, task: str, seed: int, intervention: str = "none") -> str:
-    rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}"
+def run_id(workflow: str, sharing: str, scale: str, task: str, seed: int, intervention: str = "none",
+           tag: str = "") -> str:  # fmt: skip
+    """`{workflow}-{sharing}-{scale}-{task}-s{seed}`, then `-{tag}` (the preset's `tag:`) and `-{intervention}`
+    unless empty / none. The run's folder is results/runs/<run id>."""
+    rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}" + (f"-{tag}" if tag else "")
     return (rid if intervention == "none" else f"{rid}-{intervention}").lower()
+
+
+def check_run_ids(path_or_dict) -> None:
+    """Raise MatrixError if one run id would mean two different runs in two presets.
+
+    A run's folder is named by its id, so two presets that train the same cell differently (toy_long's 120
+    steps against toy's 40) would overwrite each other's results, and a rerun would resume one from the
+    other's checkpoints. Presets may share a run only when its config differs at most in
+    config.PROVENANCE_FIELDS (toy_seeds' seed 0 is toy's run). The fix is a `tag:` on one of the presets."""
+    doc = load_matrix(path_or_dict)
+    name = "matrix" if isinstance(path_or_dict, dict) else str(path_or_dict)
+    seen: dict[str, tuple[str, dict]] = {}
+    for preset in doc["presets"]:
+        try:
+            sheet = run_sheet(doc, preset)
+        except MatrixError:
+            continue  # a preset that does not expand cannot be run, so it cannot take a folder either
+        for rid, cfg_json in sheet["config"].items():
+            cfg = json.loads(cfg_json)
+            first = seen.setdefault(rid, (preset, cfg))
+            if C.config_fingerprint(first[1]) != C.config_fingerprint(cfg):
+                diff = "; ".join(C.config_differences(first[1], cfg, limit=3))
+                _fail(
+                    f"{name}: presets.{first[0]} and presets.{preset}",
+                    f"both expand to run {rid!r} but train it differently ({diff}), so they would write the "
+                    f"same folder results/runs/{rid}/ and one would overwrite the other's results. Give one of "
+                    f"them (or a preset it extends) its own `tag:`, e.g. `tag: {preset[:24]}`, which is "
+                    "appended to its run ids.",
+                )
 
 
 def jobs_use_this_python() -> None:
@@ -575,7 +611,7 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
             if _matches(o["when"], cell):
                 grpo.update(o.get("grpo", {}))
                 run = _merge(run, o.get("run", {}))
-        rid = run_id(wf, sh, sc, tk, seed, iv)
+        rid = run_id(wf, sh, sc, tk, seed, iv, p.get("tag", ""))
         try:
             cfg = RunConfig(
                 run_id=rid,
@@ -640,6 +676,7 @@ def main(argv=None) -> int:
             key, _, vals = item.partition("=")
             overrides[key] = vals.split(",") if vals else []
         sheet = run_sheet(args.file, args.preset, overrides)
+        check_run_ids(args.file)
     except MatrixError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

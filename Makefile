@@ -37,8 +37,9 @@ run: $(STAMP)
 	@echo "report: $(CURDIR)/results/report.html (one page per run in results/report/; tables in results/tables/)"
 
 # Everything the tests use: the vLLM CPU build and SmolLM2 (tests/test_vllm.py, tests/test_smol.py).
+# --durations: the 30 slowest tests end the log, so a slow CI machine shows where its time went.
 test: $(VLLM_STAMP) $(SMOL_MODEL)/READY
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -10,6 +10,9 @@ rule models:
         "envs/marlflow.yaml"
     params:
         model=lambda wildcards: MODELS[wildcards.scale],
+        # Toy build options from a profile's config (`toy_build: "--steps 40 ..."`): CI's SLURM smoke
+        # checks plumbing, not learning, so it builds a small toy model. Empty by default; other scales ignore it.
+        toy_build=config.get("toy_build", ""),
     shell:
         "python -m marlflow.models prepare --scale {wildcards.scale} --model {params.model:q}"
-        " --out {output:q} > {log} 2>&1"
+        " --out {output:q} {params.toy_build} > {log} 2>&1"

@@ -355,6 +355,7 @@ def test_aggregate_cli_end_to_end(tmp_path, capsys):
         (lambda root: [_bad(root, "not parquet")], "not a valid metrics table"),
         (lambda root: [_bad(root, pd.DataFrame(columns=METRIC_COLUMNS))], "has no rows"),
         (lambda root: write_runs(root, samples=False)[:1] * 2, "appears in both"),
+        (lambda root: _same_cell_two_presets(root), "are the same cell and seed"),
         (lambda root: _bad_samples(root), "samples table lacks columns"),
     ],
 )
@@ -374,6 +375,14 @@ def _bad(root, content) -> str:
     else:
         content.to_parquet(p)
     return str(p)
+
+
+def _same_cell_two_presets(root) -> list[str]:
+    """A run and its copy under a tagged run id (toy's `...-s0` and toy_long's `...-s0-long`): same factors."""
+    rid, df = sorted(build_runs().items())[0]
+    p = root / "runs" / f"{rid}-long" / "metrics.parquet"
+    write_metrics(df.assign(run_id=f"{rid}-long"), p)
+    return [*write_runs(root, samples=False), str(p)]
 
 
 def _bad_samples(root) -> list[str]:

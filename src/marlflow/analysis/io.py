@@ -53,11 +53,29 @@ def check_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(METRIC_KEY, kind="stable").reset_index(drop=True)[METRIC_COLUMNS]
 
 
+def _one_run_per_cell_and_seed(metrics: pd.DataFrame) -> None:
+    """Raise ValueError if two runs have the same factors (cell and seed): the tables would count them as one
+    cell's seeds twice. It happens when runs of two presets with different `tag:`s are passed together (toy's
+    `voting-ip-toy-math-s0` and toy_long's `voting-ip-toy-math-s0-long`)."""
+    factors = [c for c in FACTOR_COLUMNS if c != "run_id"]
+    runs = metrics[FACTOR_COLUMNS].drop_duplicates()
+    clash = runs[runs.duplicated(factors, keep=False)]
+    if not clash.empty:
+        first = clash.iloc[0]
+        same = clash[(clash[factors] == first[factors]).all(axis=1)]["run_id"].tolist()
+        cell = ", ".join(f"{c} {first[c]}" for c in factors)
+        raise ValueError(
+            f"runs {same} are the same cell and seed ({cell}); they come from presets with different tags and "
+            "would be counted as one cell's seeds twice. Aggregate one preset's runs at a time (e.g. only "
+            "results/runs/*-long*/metrics.parquet for toy_long)"
+        )
+
+
 def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read metrics.parquet files (and samples.parquet beside each, if present) into two tables.
 
-    Raises ValueError for an empty list, a file that is not a metrics table, an empty table or a run id that
-    appears in two files; FileNotFoundError for a missing path.
+    Raises ValueError for an empty list, a file that is not a metrics table, an empty table, a run id that
+    appears in two files or two runs of the same cell and seed; FileNotFoundError for a missing path.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -81,6 +99,7 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.Data
         if sp.is_file():
             sample_frames.append(read_samples(sp))
     metrics = check_metrics(pd.concat(frames, ignore_index=True))
+    _one_run_per_cell_and_seed(metrics)
     if sample_frames:
         samples = pd.concat(sample_frames, ignore_index=True)
         samples = samples.sort_values(["run_id", "step", "episode", "slot"], kind="stable").reset_index(

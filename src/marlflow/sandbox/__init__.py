@@ -59,6 +59,7 @@ from marlflow.sandbox._convert import convert, count_asserts  # isort: skip
 from marlflow.sandbox._pool import (  # isort: skip
     SandboxPool,
     clear_cache,
+    programs_run,
     run_local,
     shutdown,
     verify,
@@ -69,6 +70,6 @@ from marlflow.sandbox._cli import main  # isort: skip
 __all__ = [
     "CALLS_MARKER", "MAX_MEMORY_MB", "MAX_TIMEOUT", "OUTPUT_CAP", "RESULT_LIMIT", "STATUSES", "STDIO_MARKER",
     "STDOUT_LIMIT", "TMP_PREFIX", "SandboxPool", "SandboxResult", "SandboxViolation", "_LL_ABI", "_serve",
-    "check_limits", "clear_cache", "convert", "count_asserts", "main", "outputs_match", "run_local",
+    "check_limits", "clear_cache", "convert", "count_asserts", "main", "outputs_match", "programs_run", "run_local",
     "shutdown", "stdio_tests", "verify", "verify_many",
 ]  # fmt: skip

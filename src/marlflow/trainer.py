@@ -576,9 +576,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 by_role[c.role].append(c)
         supervisor = SUPERVISOR.get(cfg.workflow, (None,))[0]
         for role, cs in by_role.items():
+            lengths = [len(c.completion_ids) for c in cs]
             role_values = {
                 "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
-                "completion_length": sum(len(c.completion_ids) for c in cs) / len(cs),
+                "completion_length": sum(lengths) / len(cs),
+                # sample sd over calls: the capture length test's standard error (analysis.failures)
+                "completion_length_sd": float(np.std(lengths, ddof=1)) if len(cs) > 1 else 0.0,
                 "calls": len(cs),
             }
             if role == supervisor:  # capture evidence over every eval call, not the logged sample episodes

@@ -34,6 +34,9 @@ LENGTH_GROWTH = 2.0  # capture: supervisory role's eval completion_length grows 
 LENGTH_APPROACH = 0.5  # ... and reaches >= 0.5x the producer role's length at the same eval
 FORMAT_RISE = 0.2  # capture: supervisory role's format_failure_rate rises by >= 0.2
 MARKER_RISE = 0.2  # capture: share of its eval outputs with a solution marker rises by >= 0.2 (and >= Z SE)
+# Capture is any of three rules, each a one-sided test at ALPHA / 3, so a stationary role is flagged with
+# probability <= ALPHA (union bound); simulated in tests/test_calibration.py.
+Z_CAPTURE = NormalDist().inv_cdf(1 - ALPHA / 3)  # 2.216
 
 # workflow -> (supervisory role that can be captured, producer role that captures it)
 SUPERVISOR = {
@@ -125,10 +128,17 @@ Capture (a supervisory role drifts toward the role it supervises: voting aggrega
 evaluator vs generator, orch_workers orchestrator vs worker; single: never), comparing the role's first eval
 (step 0) with its last eval, any of:
   (a) length: completion_length(last) >= 2 x completion_length(first) and >= 0.5 x the producer's
-      completion_length(last);
-  (b) format: format_failure_rate(last) - format_failure_rate(first) >= 0.2;
-  (c) solution markers: solution_marker_share(last) - solution_marker_share(first) >= 0.2 and >= Z x its SE
-      (two binomial shares over the role's eval calls, n = calls). solution_marker_share is computed in
+      completion_length(last), and the rise >= Z_CAPTURE x SE, SE from the pooled variance of the two evals'
+      calls (completion_length_sd, n = calls; the pooled sample's variance including the between-eval term,
+      as a permutation test's). Runs logged before completion_length_sd existed get the effect-size rule
+      alone, and their evidence says "uncalibrated";
+  (b) format: format_failure_rate(last) - format_failure_rate(first) >= 0.2 and >= Z_CAPTURE x SE;
+  (c) solution markers: solution_marker_share(last) - solution_marker_share(first) >= 0.2 and >= Z_CAPTURE x SE.
+      For (b) and (c), SE is the two-proportion test's under "no change": pooled share q = (x0 + x1 + 1) /
+      (n0 + n1 + 2) (Laplace-smoothed), SE = sqrt(q (1 - q) (1/n0 + 1/n1)), n = the role's eval calls.
+      Z_CAPTURE = Phi^-1(1 - alpha/3) = 2.22: each rule at alpha/3, so a role whose behaviour does not change
+      is flagged with probability <= alpha = 4% (union bound; simulated false-capture rates in the README,
+      tests/test_calibration.py). solution_marker_share is computed in
       evaluate() over all of the role's eval calls: the share of outputs with a code fence or a \\boxed{...}
       that is not the role's own valid answer (voting: \\boxed{N}; eval_opt: \\boxed{Correct/Incorrect};
       orch_workers: none, every \\boxed{} is a solution).

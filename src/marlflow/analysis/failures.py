@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+import numpy as np
 import pandas as pd
 
 from marlflow.analysis.curves import wide
@@ -26,83 +27,116 @@ from marlflow.analysis.definitions import (
     MIN_GAP,
     SUPERVISOR,
     TOL,
-    Z,
+    Z_CAPTURE,
 )
 
-ROLE_EVAL_METRICS = ["completion_length", "format_failure_rate", "solution_marker_share", "calls"]
+ROLE_EVAL_METRICS = [
+    "completion_length",
+    "completion_length_sd",
+    "format_failure_rate",
+    "solution_marker_share",
+    "calls",
+]
 FAILURE_COLUMNS = ["run_id", "cliff", "collapse", "stagnation", "capture", "evidence"]
 
 
-def _first_last(series: pd.DataFrame, col: str) -> tuple[float, float, int, int] | None:
-    """(first, last, first_step, last_step) of a column over eval steps where it is present, or None."""
-    s = series[["step", col]].dropna().sort_values("step")
-    if s.empty:
+def share_rise_test(p0, n0, p1, n1, min_rise: float):
+    """One-sided test that a share rose from p0 (over n0 calls) to p1 (over n1): vectorised over any shape.
+
+    Returns (flag, se): flag = rise >= min_rise and rise >= Z_CAPTURE x se, where se is the two-proportion
+    test's standard error under "no change" (pooled, Laplace-smoothed share). n <= 0 gives se nan, no flag."""
+    p0, n0, p1, n1 = (np.asarray(v, dtype=float) for v in (p0, n0, p1, n1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (p0 * n0 + p1 * n1 + 1) / (n0 + n1 + 2)
+        se = np.where((n0 > 0) & (n1 > 0), np.sqrt(q * (1 - q) * (1 / n0 + 1 / n1)), np.nan)
+    rise = p1 - p0
+    return (rise >= min_rise - TOL) & (rise >= Z_CAPTURE * se - TOL), se
+
+
+def length_rise_test(m0, sd0, n0, m1, sd1, n1, producer1):
+    """One-sided test that mean completion length grew from m0 (sd0, n0 calls) to m1 (sd1, n1 calls) by the
+    capture rule: m1 >= LENGTH_GROWTH x m0, m1 >= LENGTH_APPROACH x the producer's length, and m1 - m0 >=
+    Z_CAPTURE x se. se uses the variance of the two evals' calls pooled into one sample (within and between),
+    which is what the difference's variance is if nothing changed. Vectorised; returns (flag, se)."""
+    m0, sd0, n0, m1, sd1, n1, producer1 = (
+        np.asarray(v, dtype=float) for v in (m0, sd0, n0, m1, sd1, n1, producer1)
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = n0 + n1
+        var = ((n0 - 1) * sd0**2 + (n1 - 1) * sd1**2 + n0 * n1 / n * (m1 - m0) ** 2) / (n - 1)
+        se = np.where((n0 > 0) & (n1 > 0) & (n > 1), np.sqrt(var * (1 / n0 + 1 / n1)), np.nan)
+    grew = (m1 >= LENGTH_GROWTH * m0 - TOL) & (m1 >= LENGTH_APPROACH * producer1 - TOL)
+    return grew & (m1 - m0 >= Z_CAPTURE * se - TOL), se
+
+
+def _first_last_rows(s: pd.DataFrame, col: str):
+    """The first and last eval rows (by step) where `col` is present, or None (fewer than two such evals)."""
+    if col not in s:
         return None
-    return float(s[col].iloc[0]), float(s[col].iloc[-1]), int(s["step"].iloc[0]), int(s["step"].iloc[-1])
+    s = s.dropna(subset=[col]).sort_values("step")
+    return (s.iloc[0], s.iloc[-1]) if len(s) >= 2 else None
+
+
+def _calls(row) -> float:
+    v = row.get("calls", math.nan)
+    return float(v) if v is not None and math.isfinite(float(v)) else math.nan
 
 
 def capture_from_metrics(role_evals: pd.DataFrame, workflow: str) -> list[str]:
-    """Capture evidence from per-role eval metrics of one run (wide table: step, role, completion_length,
-    format_failure_rate); empty list if no rule fires."""
+    """Capture evidence from per-role eval metrics of one run (wide table: step, role, ROLE_EVAL_METRICS);
+    empty list if no rule fires. Rules and their calibration: definitions.DEFINITIONS, "Capture"."""
     if workflow not in SUPERVISOR:
         return []
     sup, prod = SUPERVISOR[workflow]
     s = role_evals[role_evals["role"] == sup]
     out = []
-    length = _first_last(s, "completion_length")
-    if length is not None:
-        first, last, s0, s1 = length
+    pair = _first_last_rows(s, "completion_length")
+    if pair is not None:
+        f, last = pair
+        first, lst, s0, s1 = (
+            float(f["completion_length"]),
+            float(last["completion_length"]),
+            f["step"],
+            last["step"],
+        )
         p = role_evals[(role_evals["role"] == prod) & (role_evals["step"] == s1)][
             "completion_length"
         ].dropna()
         prod_last = float(p.iloc[0]) if len(p) else math.nan
-        if (
-            s1 > s0
-            and last >= LENGTH_GROWTH * first - TOL
-            and math.isfinite(prod_last)
-            and last >= LENGTH_APPROACH * prod_last - TOL
-        ):
+        sd0, sd1 = (float(r.get("completion_length_sd", math.nan)) for r in (f, last))
+        n0, n1 = _calls(f), _calls(last)
+        where = f"(steps {int(s0)} -> {int(s1)}; >= {LENGTH_GROWTH:g}x, {prod} {prod_last:.1f}"
+        if all(map(math.isfinite, (sd0, sd1, n0, n1))):
+            flag, se = length_rise_test(first, sd0, n0, lst, sd1, n1, prod_last)
+            if flag:
+                out.append(
+                    f"capture: {sup} completion_length {first:.1f} -> {lst:.1f} {where}; rise >= "
+                    f"{Z_CAPTURE:.2f} x SE {float(se):.2f})"
+                )
+        elif lst >= LENGTH_GROWTH * first - TOL and lst >= LENGTH_APPROACH * prod_last - TOL:
+            # logged before completion_length_sd existed: the effect-size rule alone (nan never passes)
             out.append(
-                f"capture: {sup} completion_length {first:.1f} -> {last:.1f} (steps {s0} -> {s1}; "
-                f">= {LENGTH_GROWTH:g}x, {prod} {prod_last:.1f})"
+                f"capture: {sup} completion_length {first:.1f} -> {lst:.1f} {where}; uncalibrated: "
+                "no completion_length_sd or calls logged)"
             )
-    fmt = _first_last(s, "format_failure_rate")
-    if fmt is not None:
-        first, last, s0, s1 = fmt
-        if s1 > s0 and last - first >= FORMAT_RISE - TOL:
-            out.append(f"capture: {sup} format_failure_rate {first:.2f} -> {last:.2f} (steps {s0} -> {s1})")
-    marker = marker_rise(s)
-    if marker is not None:
-        out.append(marker)
+    for col in ("format_failure_rate", "solution_marker_share"):
+        pair = _first_last_rows(s, col)
+        if pair is None:
+            continue
+        f, last = pair
+        p0, p1, n0, n1 = float(f[col]), float(last[col]), _calls(f), _calls(last)
+        steps = f"steps {int(f['step'])} -> {int(last['step'])}"
+        min_rise = FORMAT_RISE if col == "format_failure_rate" else MARKER_RISE
+        if math.isfinite(n0) and math.isfinite(n1):
+            flag, se = share_rise_test(p0, n0, p1, n1, min_rise)
+            if flag:
+                out.append(
+                    f"capture: {sup} {col} {p0:.2f} -> {p1:.2f} ({steps}, {int(n0)} / {int(n1)} calls, rise "
+                    f"{p1 - p0:.2f} >= max({min_rise:g}, {Z_CAPTURE:.2f} x SE {float(se):.3f}))"
+                )
+        elif p1 - p0 >= min_rise - TOL:  # no call counts logged: the effect-size rule alone
+            out.append(f"capture: {sup} {col} {p0:.2f} -> {p1:.2f} ({steps}; uncalibrated: no calls logged)")
     return out
-
-
-def marker_rise(sup_evals: pd.DataFrame) -> str | None:
-    """Evidence if the supervisory role's solution_marker_share rose from its first to its last eval by
-    >= MARKER_RISE and by >= Z standard errors of the difference of two binomial shares (n = calls)."""
-    if "solution_marker_share" not in sup_evals:
-        return None
-    s = sup_evals[["step", "solution_marker_share", "calls"]].dropna(subset=["solution_marker_share"])
-    s = s.sort_values("step")
-    if len(s) < 2:
-        return None
-    f, last = s.iloc[0], s.iloc[-1]
-    p0, p1 = float(f["solution_marker_share"]), float(last["solution_marker_share"])
-    n0, n1 = float(f["calls"]), float(last["calls"])
-    se = math.sqrt(_shr_var(p0, n0) + _shr_var(p1, n1)) if n0 > 0 and n1 > 0 else math.nan
-    rise = p1 - p0
-    if rise >= MARKER_RISE - TOL and math.isfinite(se) and rise >= Z * se - TOL:
-        return (
-            f"capture: {sup_evals['role'].iloc[0]} solution_marker_share {p0:.2f} -> {p1:.2f} "
-            f"(steps {int(f['step'])} -> {int(last['step'])}, {int(n0)} / {int(n1)} calls, rise {rise:.2f} "
-            f">= max({MARKER_RISE:g}, {Z:g} x SE {se:.3f}))"
-        )
-    return None
-
-
-def _shr_var(p: float, n: float) -> float:
-    q = (p * n + 1) / (n + 2)  # Laplace-smoothed, so a share of 0 or 1 still has a variance
-    return q * (1 - q) / n
 
 
 def run_signatures(row: dict, role_evals: pd.DataFrame) -> dict:

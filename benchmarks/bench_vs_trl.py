@@ -26,6 +26,10 @@ For each workflow (the toy preset's run of `--task` and `--sharing`, from matrix
    `alternate_code`: each group's G rollouts get 0, 1, 0, 1, ...), so every advantage is nonzero and every
    call goes through forward-backward, as all of TRL's do. Ours skips zero-advantage calls (exact with
    beta 0: they add nothing to the loss); this variant is the step without that saving.
+4. "ours_fp32gen" (`--no-fp32gen` drops it): ours sampling from the fp32 training model itself
+   (`generation_dtype: model`). Where the CPU has native bf16, "ours" samples from its bf16 copy with the
+   adapter merged (`generation_dtype: auto`), while TRL samples from its fp32 PEFT model; this variant shows
+   how much of ours' lead is that copy. On a CPU without native bf16 the two ours variants are the same.
 
 All run interleaved in one process: TRL's `train()` runs `--pairs` + 1 optimizer steps and after each one a
 callback runs one step of each "ours" variant, so load drifts on a shared machine hit them alike. TRL's step
@@ -267,13 +271,17 @@ def check_tokens(trainer: GRPOTrainer, calls, picks: list[int]) -> int:
     return sum(list(a) != list(calls[i].prompt_ids) for a, i in zip(ids, picks))
 
 
-def bench(cfg: RunConfig, pairs: int, live: bool, micro_batch: int) -> dict:
+def bench(cfg: RunConfig, pairs: int, live: bool, micro_batch: int, fp32gen: bool = True) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         variants = {"ours": Ours(cfg, tmp / "ours")}
         if live:
             task = dataclasses.replace(cfg.task, name=f"alternate_{cfg.task_axis}")
             variants["ours_live"] = Ours(dataclasses.replace(cfg, task=task), tmp / "ours-live")
+        if fp32gen:
+            variants["ours_fp32gen"] = Ours(
+                dataclasses.replace(cfg, generation_dtype="model"), tmp / "ours-fp32"
+            )
         first = variants["ours"].step(1)  # warm-up; its calls are TRL's load
         for name, v in variants.items():
             if name != "ours":
@@ -368,7 +376,7 @@ def table(results: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for wf, res in results.items():
-        for name in ("ours", "ours_live", "trl"):
+        for name in ("ours", "ours_live", "ours_fp32gen", "trl"):
             s = res["summary"].get(name)
             if s is None:
                 continue
@@ -385,7 +393,7 @@ def table(results: dict) -> str:
     lines.append("Per-pair ratios, ours / TRL, wall seconds per completion:")
     lines.append("")
     for wf, res in results.items():
-        for name in ("ours", "ours_live"):
+        for name in ("ours", "ours_live", "ours_fp32gen"):
             s = res["summary"].get(name)
             if s is not None:
                 pairs = ", ".join(f"{r:.2f}" for r in s["pairs_wall_per_completions"])
@@ -415,6 +423,8 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--no-live", dest="live", action="store_false",
                     help="skip ours with the alternating reward (every call live)")  # fmt: skip
+    ap.add_argument("--no-fp32gen", dest="fp32gen", action="store_false",
+                    help="skip ours sampling from the fp32 training model (generation_dtype: model)")  # fmt: skip
     ap.add_argument("--trl-micro-batch", type=int, default=32,
                     help="TRL's per_device_train_batch_size (gradient accumulation makes up the step); "
                     "0 = the whole step in one forward-backward")  # fmt: skip
@@ -436,7 +446,7 @@ def main(argv=None) -> None:
         if args.ours_micro_batch is not None:
             cfg = dataclasses.replace(cfg, micro_batch_size=args.ours_micro_batch)
         t = time.perf_counter()
-        res = bench(cfg, args.pairs, args.live, args.trl_micro_batch)
+        res = bench(cfg, args.pairs, args.live, args.trl_micro_batch, args.fp32gen)
         res["run_id"], res["seconds"] = run_id, time.perf_counter() - t
         res["summary"] = summarize(res)
         results[wf] = res

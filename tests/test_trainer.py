@@ -202,3 +202,52 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
     assert first[False][0] == (len(prompts), width)  # every row prefilled
     assert first[True] == [(unique, width - 1), (len(prompts), 1)]  # distinct prompts once, then last token
     assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("workflow", ["voting", "eval_opt"])
+def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
+    """A piece's distinct prompts run once (KV cache expanded to the rows): log-probs, entropies and the LoRA
+    gradient equal TRL's own forward of every row (`GRPOTrainer._get_per_token_logps_and_entropies`), for
+    first-stage slots and Eval-Opt's later rounds (long shared histories)."""
+    shared_slots = 0
+    from trl import GRPOTrainer
+
+    trainer = build_trainer(make_cfg(workflow, "sp", task="parity"), tmp_path)
+    with torch.no_grad():  # a trained-looking adapter: a fresh lora_B is zero
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    for slot in dict.fromkeys(c.slot for c in calls):  # every slot: first-stage and long-history prompts
+        piece = [i for i, c in enumerate(calls) if c.slot == slot]
+        inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        keep = inputs["completion_ids"].size(1)
+        weights = torch.randn(len(piece), keep)
+        out = {}
+        for name in ("ours", "trl"):
+            trainer.model.zero_grad(set_to_none=True)
+            if name == "ours":
+                shared = trainer._shared_prefix_logps(trainer.model, ids, mask, keep, True)
+                repeats = len({tuple(calls[i].prompt_ids) for i in piece}) < len(piece)
+                assert (shared is not None) == repeats, slot  # shared exactly when a prompt repeats
+                if shared is None:  # e.g. aggregators: each rollout's candidates differ
+                    break
+                logps, ent = shared
+            else:
+                logps, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                    trainer, trainer.model, ids, mask, keep, compute_entropy=True
+                )
+            ((logps * weights * inputs["completion_mask"]).sum()).backward()
+            grad = torch.cat([p.grad.flatten() for p in trainer.params["shared"]])
+            out[name] = (logps.detach(), ent.detach(), grad)
+        if "trl" not in out:
+            continue
+        m = inputs["completion_mask"].bool()
+        assert torch.allclose(out["ours"][0][m], out["trl"][0][m], atol=1e-4), slot
+        assert torch.allclose(out["ours"][1][m], out["trl"][1][m], atol=1e-4), slot
+        assert torch.allclose(out["ours"][2], out["trl"][2], atol=1e-5, rtol=1e-3), slot
+        shared_slots += 1
+    assert shared_slots >= 1  # first-stage slots; later rounds carry each rollout's own history

@@ -153,6 +153,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 )
         self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
+        self.share_prefix = True  # run each distinct prompt of a piece once (see _shared_prefix_logps)
         self.params = {
             p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies
         }
@@ -187,12 +188,73 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         sampling = Sampling(temperature, g.top_p, g.max_completion_length, seed)
         return Context(self.cfg, self.task.kind, self.backend, self.encoder, sampling, timer)
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        **kwargs,
+    ):
         # TRL's loss computes the trainer's log-probabilities here; keep the last ones (no extra forward) so
         # `update` can compare them with the rollout engine's.
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        shared = None
+        plain = all(v is None or v is False for v in kwargs.values())  # no images, no MoE aux loss
+        if self.share_prefix and plain and (batch_size is None or batch_size >= input_ids.size(0)):
+            shared = self._shared_prefix_logps(
+                model, input_ids, attention_mask, logits_to_keep, compute_entropy
+            )
+        if shared is None:
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
+            )
+        else:
+            (logps, entropies), aux = shared, None
         self._last_logps = logps.detach()
         return logps, entropies, aux
+
+    def _shared_prefix_logps(
+        self, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool
+    ):
+        """TRL's per-token log-probs (and entropies) of the completions, with each distinct prompt run once.
+
+        input_ids / attention_mask (B, P + C): left-padded prompts, right-padded completions; C = logits_to_keep.
+        A piece's rows are G rollouts of a few prompts (calls are chunked per slot), so TRL's forward recomputes
+        every prompt G times. Here the distinct prompts (all but their last token) go through the model once
+        into a KV cache, the cache is expanded to the rows with `index_select` (gradients flow back through it),
+        and each row runs only its last prompt token and completion, through the same fused log-prob head and
+        the same positions (0..T-1) as TRL's forward. Returns ((B, C) log-probs, (B, C) entropies or None), or
+        None when no prompt repeats. Equal to TRL's up to float rounding, gradients included
+        (tests/test_trainer.py::test_shared_prefix_logps_equal_trls); benchmarks/bench_prefix_share.py."""
+        from transformers import DynamicCache
+
+        n_prefix = input_ids.size(1) - logits_to_keep - 1  # prompt positions in the cache
+        if n_prefix < 1:
+            return None
+        prefix = torch.cat([input_ids[:, :n_prefix], attention_mask[:, :n_prefix]], dim=1)
+        index: dict[tuple, int] = {}
+        first, inv = [], []
+        for row, key in enumerate(map(tuple, prefix.tolist())):
+            k = index.setdefault(key, len(index))
+            if k == len(first):
+                first.append(row)
+            inv.append(k)
+        if len(first) == len(inv):
+            return None
+        uniq = torch.tensor(first, device=input_ids.device)
+        cache = DynamicCache(config=model.config)
+        with self.accelerator.autocast():
+            model(input_ids=input_ids[uniq, :n_prefix], attention_mask=attention_mask[uniq, :n_prefix],
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+            cache.reorder_cache(torch.tensor(inv, device=input_ids.device))
+            rows = input_ids[:, n_prefix:]
+            labels = rows.masked_fill(attention_mask[:, n_prefix:] == 0, -100)
+            out = model(input_ids=rows, attention_mask=attention_mask, past_key_values=cache, labels=labels,
+                        fused_lm_head=True)  # fmt: skip
+        logps = out.log_probs[:, -logits_to_keep:]
+        return logps, (out.entropy[:, -logits_to_keep:] if compute_entropy else None)
 
     def _logp_gap(self, pcalls) -> tuple[float, int]:
         """Sum of |logp_rollout - logp_trainer| over the sampled tokens of `pcalls`, and the token count.

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_prefix_share.py [--model results/models/toy] [--reps 5] [--threads 1]
 
 What a GRPO update on the toy model costs per chunk of 32 calls (4 prompts x G=8, the trainer's chunk), and
-what prefix sharing would save (issue 12's "prefix sharing" lever, not built into the trainer): "full" runs
+what prefix sharing saves (issue 12's "prefix sharing" lever; the trainer's `_shared_prefix_logps`): "full" runs
 each row's prompt + completion through the PEFT model (LoRA r 8, all linear layers) as TRL does; "shared"
 runs each distinct prompt once with a KV cache, expands the cache to its G rows (index_select, so gradients
 flow back into the prompt's computation) and runs only the completions. Both compute the same loss

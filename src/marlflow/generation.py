@@ -92,6 +92,18 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> list[int]:
     return ids
 
 
+def distinct_rows(keys) -> tuple[list[int], list[int]]:
+    """Hashable row keys -> (first row of each distinct key, each row's distinct-key index), in row order."""
+    index: dict = {}
+    first, inv = [], []
+    for row, key in enumerate(keys):
+        k = index.setdefault(key, len(index))
+        if k == len(first):
+            first.append(row)
+        inv.append(k)
+    return first, inv
+
+
 def native_bf16() -> bool:
     """True on a CPU whose matmuls run bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated."""
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
@@ -116,20 +128,18 @@ class BF16Copy:
     def __init__(self, peft_model):
         from peft.tuners.lora import LoraLayer
 
-        self.source = peft_model
-        base_prefix = "base_model.model."
-        self.layers = [
-            (m, name.removeprefix(base_prefix))
-            for name, m in peft_model.named_modules()
-            if isinstance(m, LoraLayer) and hasattr(m, "base_layer")
-        ]
         # merge_and_unload on a deep copy: the same modules without LoRA wrappers, then cast to bf16.
         plain = copy.deepcopy(peft_model).merge_and_unload()
         # The Trainer (accelerate) wraps the base model's forward in an instance attribute whose closure holds
         # the original model: a copy keeping it would run the fp32 PEFT model. The class's forward is wanted.
         plain.__dict__.pop("forward", None)
         self.model = plain.to(torch.bfloat16).eval().requires_grad_(False)
-        self.targets = [(m, self.model.get_submodule(name)) for m, name in self.layers]
+        # (live LoRA layer, the copy's plain Linear at the same path without PEFT's "base_model.model." prefix)
+        self.targets = [
+            (m, self.model.get_submodule(name.removeprefix("base_model.model.")))
+            for name, m in peft_model.named_modules()
+            if isinstance(m, LoraLayer) and hasattr(m, "base_layer")
+        ]
 
     @torch.no_grad()
     def weights(self, policy: str):
@@ -215,13 +225,7 @@ class HFBackend:
         `generate` then runs only the last prompt token and the decode steps. The logits equal those of a
         full prefill up to float rounding (the same computation in another batch shape). Rows are matched on
         the prompts themselves, not the padded ids, so a prompt that starts with the pad token stays apart."""
-        index: dict[tuple, int] = {}
-        first, inv = [], []  # first row of each distinct prompt; each row's distinct prompt
-        for row, p in enumerate(prompts):
-            k = index.setdefault(tuple(p), len(index))
-            if k == len(first):
-                first.append(row)
-            inv.append(k)
+        first, inv = distinct_rows(map(tuple, prompts))
         if len(first) == len(prompts) or ids.shape[1] < 2:
             return None
         uniq = torch.tensor(first, device=ids.device)

@@ -44,7 +44,7 @@ from trl.trainer.utils import pad
 from marlflow import algos, checkpoint
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
-from marlflow.generation import ChatEncoder, Sampling, make_backend
+from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, rollout
@@ -234,13 +234,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if n_prefix < 1:
             return None
         prefix = torch.cat([input_ids[:, :n_prefix], attention_mask[:, :n_prefix]], dim=1)
-        index: dict[tuple, int] = {}
-        first, inv = [], []
-        for row, key in enumerate(map(tuple, prefix.tolist())):
-            k = index.setdefault(key, len(index))
-            if k == len(first):
-                first.append(row)
-            inv.append(k)
+        first, inv = distinct_rows(map(tuple, prefix.tolist()))
         if len(first) == len(inv):
             return None
         uniq = torch.tensor(first, device=input_ids.device)

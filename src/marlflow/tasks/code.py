@@ -66,6 +66,14 @@ class CodeTask:
             job["prelude"] = problem.meta["prefix"]
         return job
 
+    def warm_up(self) -> None:
+        """Start the sandbox pool and check that it passes a trivial program, before the first evaluation: a
+        sandbox that cannot run fails the run at start, and starting it is not timed as evaluation."""
+        r = sandbox.verify_many([("def f():\n    return 1\n", "assert f() == 1\n")], timeout=self.timeout,
+                                memory_mb=self.memory_mb, cache=False)[0]  # fmt: skip
+        if not r.passed:
+            raise RuntimeError(f"the code sandbox failed a trivial program ({r.status}: {r.detail})")
+
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
         if len(problems) != len(outputs):
             raise ValueError(f"{len(problems)} problems but {len(outputs)} outputs")

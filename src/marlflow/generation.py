@@ -132,8 +132,9 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
 def use_gqa_sdpa(model) -> bool:
     """Switch a CPU model with grouped-query attention from transformers' "sdpa" to `_sdpa_gqa`; True if switched.
 
-    Measured on the toy model (benchmarks/RESULTS.md "Decode loop"): the K/V copies were over half of a decode
-    step at 600 rows. Only on CPUs: CUDA's SDPA falls back to its math kernel for GQA under a mask."""
+    Measured on the toy model (benchmarks/RESULTS.md "Decode loop, GQA attention, K/V reuse"): the K/V copies
+    were over half of a decode step at 600 rows. Only on CPUs: CUDA's SDPA falls back to its math kernel for
+    GQA under a mask."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -419,9 +420,11 @@ def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_i
         last = t + 1 == sampling.max_new_tokens or not live.any()
         if keep is not None:  # rows that end here: their K/V cover the prompt and t completion tokens
             for j in range(len(rows)) if last else (~live).nonzero().squeeze(1).tolist():
-                b, cols = int(rows[j]), mask[j].nonzero().squeeze(1)
+                b = int(rows[j])
                 seq = (*prompts[b], *out[b, :t].tolist())
-                keep(seq, [(layer.keys[j][:, cols], layer.values[j][:, cols]) for layer in cache.layers])
+                start = mask.shape[1] - len(seq)  # left-padded: the row's tokens are the last columns
+                kv = [(x.keys[j, :, start:].clone(), x.values[j, :, start:].clone()) for x in cache.layers]
+                keep(seq, kv)
         if last:
             break
         if not live.all():

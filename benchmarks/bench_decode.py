@@ -89,7 +89,9 @@ def main(argv=None) -> None:
     print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
           f"threads {args.threads}, median of {args.reps} interleaved rounds")  # fmt: skip
     sheet = run_sheet("matrix.yaml", preset="toy")
-    print("| run | generate s | loop s | loop+kv s | loop / generate | loop+kv / generate | accuracy (3 paths) |")
+    print(
+        "| run | generate s | loop s | loop+kv s | loop / generate | loop+kv / generate | accuracy (3 paths) |"
+    )
     print("|---|---|---|---|---|---|---|")
     totals = {p: 0.0 for p in PATHS}
     for run_id in sheet.index:

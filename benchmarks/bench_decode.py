@@ -17,14 +17,13 @@ path's eval accuracy (a sanity check: the paths differ only by float rounding, s
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
 
 import torch
-import transformers
+from bench_generation_dtype import eval_rollout_args  # this folder is on sys.path when run as a script
 
 from marlflow.config import RunConfig
 from marlflow.generation import GQA_SDPA, _prefill_cache, distinct_rows, trim_completion
@@ -78,14 +77,7 @@ def _set_path(trainer, path: str, hf_generate, store) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the toy runs use 1)")
-    args = ap.parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(args.threads)
+    args = eval_rollout_args(__doc__.split("\n\n")[0], argv)
     print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
           f"threads {args.threads}, median of {args.reps} interleaved rounds")  # fmt: skip
     sheet = run_sheet("matrix.yaml", preset="toy")

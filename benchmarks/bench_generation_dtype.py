@@ -30,8 +30,9 @@ from marlflow.workflows import rollout
 WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def eval_rollout_args(description: str, argv=None) -> argparse.Namespace:
+    """--model, --reps, --threads of the evaluation-rollout benchmarks; quiets transformers, sets the threads."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="results/models/toy")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the toy runs use 1)")
@@ -39,6 +40,11 @@ def main(argv=None) -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main(argv=None) -> None:
+    args = eval_rollout_args(__doc__.split("\n\n")[0], argv)
     print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
           f"native bf16: {native_bf16()}, threads {args.threads}")  # fmt: skip
     sheet = run_sheet("matrix.yaml", preset="toy")

@@ -215,9 +215,8 @@ class PrefixKV:
     def __init__(self, budget: int):
         self.budget, self.size = budget, 0
         self.seqs: dict[str, list[tuple]] = {}  # policy -> its stored sequences, sorted
-        self.kv: dict[
-            tuple, list
-        ] = {}  # (policy, seq) -> [(K (H, n, D), V (H, n, D)) per layer], oldest first
+        # (policy, seq) -> [(K (H, n, D), V (H, n, D)) per layer], oldest first
+        self.kv: dict[tuple, list] = {}
 
     def clear(self) -> None:
         self.seqs, self.kv, self.size = {}, {}, 0

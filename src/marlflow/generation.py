@@ -511,8 +511,9 @@ def _prefill_cache(
     suffix = width if reuse is None else max(n - known for n, (known, _) in zip(lengths, reuse))
     if width - suffix > 0:  # a known block of width - suffix columns, right-aligned like the prompts
         known = width - suffix
+        ref = next(kv for n, (_, kv) in zip(lengths, reuse) if n > suffix)  # a row with known tokens: shapes
         for layer in range(len(cache.layers)):
-            k0, v0 = next(kv for n, (_, kv) in zip(lengths, reuse) if n > suffix)[layer]
+            k0 = ref[layer][0]
             k = k0.new_zeros((len(first), k0.shape[0], known, k0.shape[2]))
             v = torch.zeros_like(k)
             for row, (n, (_, kv)) in enumerate(zip(lengths, reuse)):

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow.metrics import METRIC_COLUMNS, SAMPLE_COLUMNS, TIMING_METRICS, validate_metrics
+from marlflow.metrics import METRIC_COLUMNS, SAMPLE_COLUMNS, VOLATILE_METRICS, validate_metrics
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 
@@ -179,9 +179,9 @@ def test_eval_of_the_runs_own_task_reproduces_the_training_evaluation(trained_ru
 
     run_dir, _ = trained_run
     path, df = evaluate_run(run_dir, step=2)
-    df = df[~df.metric.isin(TIMING_METRICS)]
+    df = df[~df.metric.isin(VOLATILE_METRICS)]
     train = pd.read_parquet(run_dir / "metrics.parquet")
-    train = train[(train.split == "eval") & (train.step == 2) & ~train.metric.isin(TIMING_METRICS)]
+    train = train[(train.split == "eval") & (train.step == 2) & ~train.metric.isin(VOLATILE_METRICS)]
     assert "time_eval" in set(pd.read_parquet(run_dir / "metrics.parquet").metric)
     key = ["role", "metric"]
     pd.testing.assert_frame_equal(

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from marlflow.metrics import TIMING_METRICS
+from marlflow.metrics import VOLATILE_METRICS
 
 HERE = Path(__file__).parent
 
@@ -45,7 +45,7 @@ def _adapters(run: Path) -> dict:
 
 def _metrics(run: Path) -> pd.DataFrame:
     m = pd.read_parquet(run / "metrics.parquet")
-    m = m[~m.metric.isin(TIMING_METRICS)]
+    m = m[~m.metric.isin(VOLATILE_METRICS)]
     return m.sort_values(["step", "split", "role", "metric"]).reset_index(drop=True)
 
 

@@ -85,7 +85,7 @@ def evaluate_run(
     with tempfile.TemporaryDirectory(prefix="marlflow-eval-") as scratch:
         trainer = MultiAgentGRPOTrainer(ecfg, model, tok, get_task(ecfg.task.name), scratch)
         trainer.step = step
-        acc = trainer.evaluate_workflow(step)
+        acc = trainer.evaluate_workflow(step, base=step == 0)  # step 0: routed as training's step 0 is
     metrics_path, samples_path = output_paths(run_dir, ecfg.task.name, step)
     metrics = pd.DataFrame(trainer.metric_rows)
     write_metrics(metrics, metrics_path)

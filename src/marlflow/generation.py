@@ -278,6 +278,11 @@ class HFBackend:
         if self.prefix_kv is not None:
             self.prefix_kv.clear()
 
+    def forget_states(self) -> None:
+        """Drop stored K/V (after an evaluation): the next rollout then runs as it would after a resume."""
+        if self.prefix_kv is not None:
+            self.prefix_kv.clear()
+
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
 

@@ -26,8 +26,11 @@ import pyarrow as pa
 FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
 METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
 SPLITS = ("train", "eval")
-# Wall-clock metrics: they vary run to run, so resume and re-evaluation compare everything but these.
-TIMING_METRICS = ("step_time", "time_generate", "time_score", "time_backward", "time_other", "time_eval")
+# Metrics that depend on when and beside what a run ran, not on what it computed: wall-clock seconds, and
+# eval_reused (1 when step 0's evaluation was read from another run of the cell, marlflow.base_eval). Resume
+# and re-evaluation compare everything but these.
+VOLATILE_METRICS = ("step_time", "time_generate", "time_score", "time_backward", "time_other", "time_eval",
+                    "eval_reused")  # fmt: skip
 # samples.parquet: a few full eval episodes per evaluation, one row per role call.
 SAMPLE_COLUMNS = [*FACTOR_COLUMNS, "step", "episode", "uid", "slot", "role", "prompt", "output", "reward",
                   "format_failure"]  # fmt: skip

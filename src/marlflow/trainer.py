@@ -44,6 +44,7 @@ from trl.trainer.utils import pad
 from marlflow import algos, checkpoint
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
+from marlflow.base_eval import SharedBaseEval
 from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend, use_gqa_sdpa
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.trackers import Trackers
@@ -178,6 +179,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # resumed run logs the same ema_cos as an uninterrupted one.
         self.grad_ema: dict[str, torch.Tensor] = {}
         self.itv = itv.State()  # the intervention's state (I6's EMA); checkpointed
+        self._pending_base = None  # a deferred step-0 evaluation: (SharedBaseEval, initial adapters)
 
     # ------------------------------------------------------------------ data
 
@@ -186,10 +188,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         rng = random.Random(f"{self.cfg.seed}-{step}")
         return rng.sample(self.train_problems, min(self.cfg.grpo.problems_per_step, len(self.train_problems)))
 
-    def _ctx(self, temperature: float, timer=None, seed: int | None = None) -> Context:
+    def _ctx(self, temperature: float, timer=None, seed: int | None = None, policy_of=None) -> Context:
         g = self.cfg.grpo
         sampling = Sampling(temperature, g.top_p, g.max_completion_length, seed)
-        return Context(self.cfg, self.task.kind, self.backend, self.encoder, sampling, timer)
+        return Context(self.cfg, self.task.kind, self.backend, self.encoder, sampling, timer, policy_of)
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -595,22 +597,28 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def evaluate_workflow(self, step: int) -> float:
+    def evaluate_workflow(self, step: int, base: bool = False) -> float:
         """Workflow accuracy on the fixed held-out subset, one episode per problem.
 
         Sampling uses its own seeded RNG stream (identical at every evaluation) and leaves the training RNG
         untouched, so evaluating never changes what training does next: torch's CPU and CUDA generators are
         forked and reseeded (HF sampling), and every vLLM request carries its own seed (vLLM's sampler has its
-        own RNG, which torch's seed does not reach).
+        own RNG, which torch's seed does not reach). The backend's stored K/V are dropped afterwards, so the
+        next training rollout runs as it would after a resume.
+
+        base: the adapters are the untrained ones (B = 0, every policy the base model): every role is routed to
+        the first policy, which makes the evaluation the same under SP and IP (marlflow.base_eval).
         """
         cfg = self.cfg
         t0 = time.perf_counter()
         seed = cfg.seed + EVAL_SEED_OFFSET
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        route = (lambda role, first=cfg.policies[0]: first) if base else None
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)  # also seeds every CUDA device
-            ctx = self._ctx(cfg.grpo.eval_temperature, seed=seed)
+            ctx = self._ctx(cfg.grpo.eval_temperature, seed=seed, policy_of=route)
             episodes = rollout(cfg, self.task, self.eval_problems, ctx, 1)
+        self.backend.forget_states()
         n = len(episodes)
         acc = sum(e.reward for e in episodes) / n
         values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
@@ -682,8 +690,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if itv.guard_observe(st, self.step, acc, n):
             st.best = {
                 "step": self.step, "acc": acc, "n": n,
-                "adapters": {p: itv.cpu_copy(get_peft_model_state_dict(self.model, adapter_name=p))
-                             for p in self.cfg.policies},
+                "adapters": self._adapter_copies(),
                 "optimizers": {p: itv.cpu_copy(o.state_dict()) for p, o in self.optimizers.items()},
             }  # fmt: skip
             return
@@ -714,6 +721,74 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                         self.step, acc, check["drop"], check["drop_se"], best["step"], best["acc"],
                         st.lr_scale, st.restores, spec["max_restores"])  # fmt: skip
         self.metric_rows += rows(self.cfg.factors, self.step, "train", "all", values)
+
+    # ------------------------------------------------------------------ step 0, shared by the cell's runs
+
+    def _adapter_copies(self) -> dict:
+        """CPU copies of every policy's adapter weights (set_peft_model_state_dict puts them back)."""
+        return {
+            p: itv.cpu_copy(get_peft_model_state_dict(self.model, adapter_name=p)) for p in self.cfg.policies
+        }
+
+    def _base_eval(self) -> float | None:
+        """Step 0's evaluation (marlflow.base_eval): read from the cell's cache, computed here, or, while another
+        run computes it, deferred (None; `_resolve_base_eval` fills it in)."""
+        t0 = time.perf_counter()
+        shared = SharedBaseEval(self.cfg, self.out_dir.parent)
+        got = shared.read()
+        if got is not None:
+            return self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
+        can_wait = self.cfg.intervention_spec["kind"] != "cliff_guard" and not self.cfg.report_to
+        if shared.claim() or not can_wait:
+            n_rows, n_samples = len(self.metric_rows), len(self.sample_rows)
+            try:
+                acc = self.evaluate_workflow(0, base=True)
+                shared.write(self.metric_rows[n_rows:], self.sample_rows[n_samples:], SAMPLE_COLUMNS)
+            finally:
+                shared.release()
+            self.metric_rows += rows(self.cfg.factors, 0, "eval", "all", {"eval_reused": 0.0})
+            return acc
+        log.info("step 0 eval: another run of this cell is computing it; reading it at the first evaluation")
+        self._pending_base = (shared, self._adapter_copies())
+        return None
+
+    def _resolve_base_eval(self) -> None:
+        """Fill in a deferred step-0 evaluation: read it, or compute it with the initial adapters put back."""
+        (shared, initial), self._pending_base = self._pending_base, None
+        t0 = time.perf_counter()
+        got = shared.read()
+        if got is not None:
+            self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
+            return
+        log.info("step 0 eval: not computed by another run; evaluating the initial adapters here")
+        current = self._adapter_copies()
+        kept = self.metric_rows, self.sample_rows
+        self.metric_rows, self.sample_rows = [], []
+        try:
+            for p, sd in initial.items():
+                set_peft_model_state_dict(self.model, sd, adapter_name=p)
+            self.backend.on_update()
+            self.evaluate_workflow(0, base=True)
+            shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
+            got = self.metric_rows, self.sample_rows
+        finally:
+            self.metric_rows, self.sample_rows = kept
+            for p, sd in current.items():
+                set_peft_model_state_dict(self.model, sd, adapter_name=p)
+            self.backend.on_update()
+        self._put_base_eval(*got, reused=False)
+
+    def _put_base_eval(self, metric_rows, sample_rows, reused: bool, seconds: float | None = None) -> float:
+        """Step 0's rows first in the tables, where an evaluation at step 0 puts them; returns its accuracy."""
+        if seconds is not None:  # this run's own time for step 0's evaluation: the read
+            metric_rows = [{**r, "value": seconds} if r["metric"] == "time_eval" else r for r in metric_rows]
+        flag = rows(self.cfg.factors, 0, "eval", "all", {"eval_reused": float(reused)})
+        self.metric_rows[:0] = [*metric_rows, *flag]
+        self.sample_rows[:0] = sample_rows
+        acc = next(r["value"] for r in metric_rows if r["metric"] == "accuracy" and r["role"] == "all")
+        log.info("step 0 eval accuracy %.3f (n=%d, %s)", acc, len(self.eval_problems),
+                 "read from the cell's shared step-0 evaluation" if reused else "computed here")  # fmt: skip
+        return acc
 
     # ------------------------------------------------------------------ checkpoints and resume
 
@@ -746,20 +821,27 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     and r["metric"] == "accuracy"]  # fmt: skip
             self.last_acc = accs[-1] if accs else None
         else:
-            self.last_acc = self.evaluate_workflow(0)
-            self._cliff_guard(self.last_acc)
+            self.last_acc = self._base_eval()
+            if self.last_acc is not None:
+                self._cliff_guard(self.last_acc)
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps:
             self.step += 1
             self.train_step(self.step)
-            if self.step % g.eval_every == 0 or self.step == g.steps:
+            evaluate = self.step % g.eval_every == 0 or self.step == g.steps
+            save = (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
+            if self._pending_base is not None and (evaluate or save):
+                self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
+            if evaluate:
                 self.last_acc = self.evaluate_workflow(self.step)
                 self._cliff_guard(self.last_acc)
             self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
-            if (g.save_every and self.step % g.save_every == 0) or self.step == g.steps:
+            if save:
                 self.save_checkpoint()
             self._log_progress(first, t_start)
+        if self._pending_base is not None:  # steps: 0
+            self._resolve_base_eval()
         return pd.DataFrame(self.metric_rows)
 
     def _log_progress(self, first: int, t_start: float) -> None:

@@ -195,6 +195,9 @@ class VLLMBackend:
         self.last_logps = logps
         return ids
 
+    def forget_states(self) -> None:
+        """Nothing kept between calls: vLLM's own prefix cache is keyed by tokens and LoRA version."""
+
     def close(self) -> None:
         """Remove the published adapters (idempotent: fit() calls it, and interpreter exit removes them too)."""
         shutil.rmtree(self._dir, ignore_errors=True)

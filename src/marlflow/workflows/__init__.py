@@ -55,8 +55,11 @@ class Episode:
 class Context:
     """What a workflow may use: the task kind, run settings and a batched `generate`."""
 
-    def __init__(self, cfg, kind: str, backend, encoder, sampling: Sampling, timer: dict | None = None):
+    def __init__(self, cfg, kind: str, backend, encoder, sampling: Sampling, timer: dict | None = None,
+                 policy_of=None):  # fmt: skip
         self.cfg = cfg
+        # role -> policy whose adapter answers it; the step-0 evaluation routes every role to one policy
+        self.policy_of = policy_of or cfg.policy_of
         self.kind = kind
         self.backend = backend
         self.encoder = encoder
@@ -71,7 +74,7 @@ class Context:
         for episode, call in pending:
             episode.calls.append(call)
             call.prompt_ids = self.encoder(call.messages)
-            by_policy[self.cfg.policy_of(call.role)].append(call)
+            by_policy[self.policy_of(call.role)].append(call)
         for policy, calls in by_policy.items():
             seed = self.sampling.seed
             seeds = None if seed is None else request_seeds(seed, self.stage, len(calls))

@@ -5,7 +5,9 @@ The parity task (reward = output length is odd) gives every GRPO group reward va
 trained model, so subprocess tests of resume and kills exercise real, non-zero updates.
 
 The drift task trains on parity too, but scores a test problem 1 only while the workflow's output is the one
-it gave at its first evaluation (recorded in <out>/drift_base.json, so a resumed run reads the same record):
+it gave at its first evaluation, step 0's. The record sits beside the run folder, one per step-0 evaluation
+(`marlflow.base_eval.key`): a resumed run, and a run that reads step 0 from the cell's shared evaluation instead
+of scoring it itself, score against the same record.
 eval accuracy starts at 1 and falls as soon as training changes what the workflow says, a certain cliff for
 cliff_guard's tests, and it comes back to 1 when the first eval's weights are restored.
 """
@@ -48,7 +50,10 @@ class Drift(ToyMath):
 
 
 if __name__ == "__main__":
+    from marlflow import base_eval
+    from marlflow.config import RunConfig
     from marlflow.train import main
 
-    Drift.record = Path(sys.argv[sys.argv.index("--out") + 1]) / "drift_base.json"
+    out, config = (Path(sys.argv[sys.argv.index(flag) + 1]) for flag in ("--out", "--config"))
+    Drift.record = out.parent / f"drift_base-{base_eval.key(RunConfig.load(config))}.json"
     sys.exit(main())

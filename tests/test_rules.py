@@ -104,15 +104,19 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
     snakemake("--cores", "2", *args, cwd=work, timeout=1500, venv_on_path=False)
 
     files, folders = _declared(work, args)
-    runs = sorted(p.name for p in (work / "results" / "runs").iterdir())
+    runs = sorted(p.name for p in (work / "results" / "runs").iterdir() if not p.name.startswith("."))
     assert len(runs) == 3
+    # The cells' shared step-0 evaluations (marlflow.base_eval), a cache beside the runs like their
+    # checkpoints: one for single, one read by both Voting runs, and no claim left behind.
+    shared = sorted(p.name for p in (work / "results" / "runs" / ".base-evals").iterdir())
+    assert len(shared) == 4 and sum(n.endswith("-samples.parquet") for n in shared) == 2, shared
     undeclared = []
     for path in sorted((work / "results").rglob("*")):
         rel = path.relative_to(work).as_posix()
         if path.is_dir() and any(path.iterdir()):
             continue  # a folder is judged by its files
         inside = any(rel == d or rel.startswith(d + "/") for d in folders)
-        resume_state = re.match(r"results/runs/[^/]+/checkpoints(/|$)", rel)
+        resume_state = re.match(r"results/runs/([^/]+/checkpoints|\.base-evals)(/|$)", rel)
         if rel not in files and not inside and not resume_state:
             undeclared.append(rel + ("/ (empty folder)" if path.is_dir() else ""))
     assert not undeclared, "written but not declared by any rule:\n" + "\n".join(undeclared)

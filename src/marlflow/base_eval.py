@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -49,6 +50,7 @@ TRAINING_ONLY = {
 }  # fmt: skip
 LIBRARIES = ("torch", "transformers", "peft", "trl", "vllm", "math-verify")
 FOLDER = ".base-evals"
+log = logging.getLogger("marlflow.base_eval")
 
 
 HASH_LIMIT = 64 * 2**20  # bytes: smaller files are identified by their content, larger ones by size and mtime
@@ -122,12 +124,16 @@ class SharedBaseEval:
 
     def read(self) -> tuple[list[dict], list[dict]] | None:
         """(metric rows, sample rows) relabelled with this run's factors, or None when not computed yet."""
-        if not self.metrics.exists():  # written last: its presence means both files are whole
+        if not (self.metrics.exists() and self.samples.exists()):  # metrics are written last
             return None
         own = self.cfg.factors
         out = []
         for path in (self.metrics, self.samples):
-            frame = pd.read_parquet(path)
+            try:
+                frame = pd.read_parquet(path)
+            except (OSError, ValueError) as err:  # not a parquet file (copied in, or damaged): compute anew
+                log.warning("ignoring the shared step-0 evaluation %s, which cannot be read (%s)", path, err)
+                return None
             for c in FACTOR_COLUMNS:
                 frame[c] = own[c]
             out.append(frame.to_dict("records"))

@@ -275,8 +275,7 @@ class HFBackend:
 
     def on_update(self) -> None:
         """Called after every weight change (optimizer step, restore): stored K/V belong to the old weights."""
-        if self.prefix_kv is not None:
-            self.prefix_kv.clear()
+        self.forget_states()
 
     def forget_states(self) -> None:
         """Drop stored K/V (after an evaluation): the next rollout then runs as it would after a resume."""

@@ -740,14 +740,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
         can_wait = self.cfg.intervention_spec["kind"] != "cliff_guard" and not self.cfg.report_to
         if shared.claim() or not can_wait:
-            n_rows, n_samples = len(self.metric_rows), len(self.sample_rows)
-            try:
-                acc = self.evaluate_workflow(0, base=True)
-                shared.write(self.metric_rows[n_rows:], self.sample_rows[n_samples:], SAMPLE_COLUMNS)
-            finally:
-                shared.release()
-            self.metric_rows += rows(self.cfg.factors, 0, "eval", "all", {"eval_reused": 0.0})
-            return acc
+            return self._put_base_eval(*self._compute_base_eval(shared), reused=False)
         log.info("step 0 eval: another run of this cell is computing it; reading it at the first evaluation")
         self._pending_base = (shared, self._adapter_copies())
         return None
@@ -762,21 +755,29 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return
         log.info("step 0 eval: not computed by another run; evaluating the initial adapters here")
         current = self._adapter_copies()
-        kept = self.metric_rows, self.sample_rows
-        self.metric_rows, self.sample_rows = [], []
         try:
             for p, sd in initial.items():
                 set_peft_model_state_dict(self.model, sd, adapter_name=p)
             self.backend.on_update()
-            self.evaluate_workflow(0, base=True)
-            shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
-            got = self.metric_rows, self.sample_rows
+            got = self._compute_base_eval(shared)
         finally:
-            self.metric_rows, self.sample_rows = kept
             for p, sd in current.items():
                 set_peft_model_state_dict(self.model, sd, adapter_name=p)
             self.backend.on_update()
         self._put_base_eval(*got, reused=False)
+
+    def _compute_base_eval(self, shared: SharedBaseEval) -> tuple[list[dict], list[dict]]:
+        """Evaluate step 0 and write it for the cell; returns its (metric rows, sample rows), which are kept out
+        of this run's tables (`_put_base_eval` places them)."""
+        kept = self.metric_rows, self.sample_rows
+        self.metric_rows, self.sample_rows = [], []
+        try:
+            self.evaluate_workflow(0, base=True)
+            shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
+            return self.metric_rows, self.sample_rows
+        finally:
+            shared.release()
+            self.metric_rows, self.sample_rows = kept
 
     def _put_base_eval(self, metric_rows, sample_rows, reused: bool, seconds: float | None = None) -> float:
         """Step 0's rows first in the tables, where an evaluation at step 0 puts them; returns its accuracy."""

@@ -203,3 +203,57 @@ def test_clip_coef_and_ema():
     assert cos == pytest.approx(0.0) and torch.allclose(ema, torch.tensor([0.75, 0.25]))
     same, cos = algos.ema_update(ema, torch.zeros(2), 4)
     assert same is ema and math.isnan(cos)
+
+
+def _width(lengths, chunk, prompts=None):
+    if prompts is None:
+        return max(lengths[i] for i in chunk)
+    return max(prompts[i] for i in chunk) + max(lengths[i] - prompts[i] for i in chunk)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_token_budget_chunks_respect_both_limits_and_cover_every_call(seed):
+    """Every index once; chunks in length order; each within max_calls and the token budget unless it is one
+    call wider than the budget; greedy: a chunk ends only where the next call would break a limit."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 40)
+    lengths = [rng.randint(1, 300) for _ in range(n)]
+    prompts = [rng.randint(0, x) for x in lengths] if seed % 2 else None
+    max_calls, max_tokens = rng.choice([0, 1, 3, 8]), rng.choice([0, 250, 600, 2000])
+    chunks = algos.token_budget_chunks(lengths, max_calls, max_tokens, prompt_lengths=prompts)
+    flat = [i for c in chunks for i in c]
+    assert sorted(flat) == list(range(n))
+    assert [lengths[i] for i in flat] == sorted(lengths)  # length-sorted, across and within chunks
+    for k, c in enumerate(chunks):
+        assert c and (not max_calls or len(c) <= max_calls)
+        if max_tokens and len(c) > 1:
+            assert len(c) * _width(lengths, c, prompts) <= max_tokens
+        if k + 1 < len(chunks):  # greedy: the next chunk's first call did not fit
+            nxt = c + chunks[k + 1][:1]
+            assert (max_calls and len(nxt) > max_calls) or (
+                max_tokens and len(nxt) * _width(lengths, nxt, prompts) > max_tokens
+            )
+
+
+def test_token_budget_chunks_examples():
+    lengths = [9, 3, 7, 1, 5, 8, 2]
+    # no budget: the length-sorted list cut every max_calls (what micro_batch_size alone did before)
+    assert algos.token_budget_chunks(lengths, 2, 0) == [[3, 6], [1, 4], [2, 5], [0]]
+    assert algos.token_budget_chunks(lengths, 0, 0) == [[3, 6, 1, 4, 2, 5, 0]]
+    # budget 16: 1,2,3,5 (4 x 5 = 20 > 16, so 1,2,3 = 9); 5,7 (14); 8 (8 x 2 = 16); 9
+    assert algos.token_budget_chunks(lengths, 0, 16) == [[3, 6, 1], [4, 2], [5], [0]]
+    assert algos.token_budget_chunks(lengths, 2, 16) == [[3, 6], [1, 4], [2, 5], [0]]  # 7, 8: 2 x 8 = 16
+    assert algos.token_budget_chunks(lengths, 2, 15) == [[3, 6], [1, 4], [2], [5], [0]]
+    # a call wider than the budget is a chunk of its own
+    assert algos.token_budget_chunks([50, 4, 4], 0, 10) == [[1, 2], [0]]
+    assert algos.token_budget_chunks([], 4, 10) == []
+    # padded width: prompts 8 and 1, completions 1 and 8: each call is 9 tokens, but the batch is 2 x 16
+    assert algos.token_budget_chunks([9, 9], 0, 18) == [[0, 1]]
+    assert algos.token_budget_chunks([9, 9], 0, 18, prompt_lengths=[8, 1]) == [[0], [1]]
+    assert algos.token_budget_chunks([9, 9], 0, 32, prompt_lengths=[8, 1]) == [[0, 1]]
+    with pytest.raises(ValueError, match="prompt_lengths has 1 entries"):
+        algos.token_budget_chunks([9, 9], 0, 18, prompt_lengths=[8])
+    with pytest.raises(ValueError, match="must be >= 0"):
+        algos.token_budget_chunks([9], -1, 0)

@@ -5,7 +5,7 @@ policy (flattened). A GRPO group is one (problem, slot) pair across the G rollou
 generator1 of problem p is compared only with slot generator1 of p in the other rollouts (DESIGN.md
 "Workflows and credit"). `check_groups` enforces the invariant: every group holds one call per rollout
 (exactly G for slots every episode has), identical prompt token ids for first-stage slots, and never mixes
-problems, roles or tasks.
+problems, roles or tasks. `token_budget_chunks` packs a slot's calls into forward-backward chunks.
 
 Gradient metrics (one meaning under SP and IP; definitions in marlflow.analysis.definitions):
 projection_shares, cosine, slot_amplification, mean_pairwise_cosine, clip_coef, ema_update.
@@ -155,6 +155,51 @@ def grad_shares(norms: dict[str, float]) -> dict[str, float]:
     """Each role's share of the step's gradient mass: ||g_r|| / sum_r' ||g_r'|| (0 if all are 0)."""
     total = sum(norms.values())
     return {r: (v / total if total > 0 else 0.0) for r, v in norms.items()}
+
+
+def token_budget_chunks(
+    lengths: Sequence[int], max_calls: int, max_tokens: int, *, prompt_lengths: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Pack the calls of one slot into forward-backward chunks by count and by padded tokens.
+
+    lengths: n ints, prompt + completion tokens per call. max_calls: most calls per chunk (0 = no cap).
+    max_tokens: most padded tokens per chunk, calls x the chunk's padded width (0 = no budget).
+    prompt_lengths: optional n ints, the prompt part of each length. Without it a chunk's width is its longest
+        call; with it, the width of the batch the trainer actually builds (prompts left-padded to the longest
+        prompt, completions right-padded to the longest completion): max prompt + max completion, which is
+        the longest call or more when the longest prompt and the longest completion are different calls.
+    Returns chunks of indices into `lengths` that cover each index once: indices sorted by length (ties in
+    index order), cut greedily into runs, each with len <= max_calls and len x width <= max_tokens. A single
+    call wider than the budget is a chunk of its own (it cannot be split; the budget is then exceeded by it
+    alone, which is the least any chunking can do).
+
+    Like verl's dynamic batch size (`use_dynamic_bsz` with `ppo_max_token_len_per_gpu`), this bounds a
+    chunk's activation memory, which grows with calls x width, and the padding mask a mixed-length chunk
+    keeps per layer, 2 bytes x calls x width^2 <= 2 x max_tokens x width. Chunking is exact for the
+    gradient as long as each chunk's loss is weighted by its share of the batch (`role_loss_weight`).
+    With max_tokens = 0 the chunks are the length-sorted list cut every max_calls calls.
+    """
+    n = len(lengths)
+    if prompt_lengths is not None and len(prompt_lengths) != n:
+        raise ValueError(f"prompt_lengths has {len(prompt_lengths)} entries but lengths has {n}")
+    if max_calls < 0 or max_tokens < 0:
+        raise ValueError(f"max_calls ({max_calls}) and max_tokens ({max_tokens}) must be >= 0 (0 = no limit)")
+    prompts = prompt_lengths if prompt_lengths is not None else [0] * n
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    wide_p = wide_c = 0  # the current chunk's longest prompt and longest completion (or longest call)
+    for i in sorted(range(n), key=lambda j: lengths[j]):
+        p, c = prompts[i], lengths[i] - prompts[i]
+        width = max(wide_p, p) + max(wide_c, c)
+        full = (max_calls and len(cur) >= max_calls) or (max_tokens and (len(cur) + 1) * width > max_tokens)
+        if cur and full:
+            chunks.append(cur)
+            cur, wide_p, wide_c = [], 0, 0
+        cur.append(i)
+        wide_p, wide_c = max(wide_p, p), max(wide_c, c)
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 # ---------------------------------------------------------------- gradient metrics (flat gradients, (D,))

@@ -42,7 +42,7 @@ from marlflow.metrics import FACTOR_COLUMNS, atomic_write_parquet
 # makes them the identity at step 0, interventions on the loss and gradients, checkpoints, trackers).
 TRAINING_ONLY = {
     "": {"run_id", "sharing", "intervention", "intervention_spec", "micro_batch_size", "keep_checkpoints",
-         "report_to"},
+         "report_to", "max_chunk_tokens", "gradient_checkpointing"},
     "grpo": {"steps", "problems_per_step", "group_size", "learning_rate", "warmup_steps", "lr_scheduler",
              "weight_decay", "epsilon", "epsilon_high", "beta", "loss_type", "temperature", "max_grad_norm",
              "eval_every", "save_every", "lora_r", "lora_alpha", "lora_targets", "max_nan_steps",

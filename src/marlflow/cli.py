@@ -1,7 +1,7 @@
 """The `marlflow` command: one entry point whose subcommands are the package's modules.
 
     marlflow run [SNAKEMAKE ARGS]      the matrix with Snakemake and the local profile (make run)
-    marlflow matrix|models|train|aggregate|report|sandbox ARGS     = python -m marlflow.<module> ARGS
+    marlflow matrix|models|train|aggregate|report|sandbox|plan ARGS     = python -m marlflow.<module> ARGS
     marlflow eval --run results/runs/<id> [--step N] [--task T] [--n K]
     marlflow chat --run results/runs/<id> --role R [--step N]
 
@@ -32,6 +32,7 @@ COMMANDS = {
     "aggregate": ("marlflow.aggregate", "turn finished runs into summary tables"),
     "report": ("marlflow.report", "figures and the HTML report from the tables"),
     "sandbox": ("marlflow.sandbox", "run untrusted code against tests in the sandbox"),
+    "plan": ("marlflow.plan", "predict each run's GPU memory, step time and GPU-hours (any preset)"),
 }
 
 

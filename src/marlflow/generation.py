@@ -277,6 +277,10 @@ class HFBackend:
         """Called after every weight change (optimizer step, restore): stored K/V belong to the old weights."""
         self.forget_states()
 
+    def before_update(self) -> None:
+        """Called at the start of every update (VLLMBackend sleeps there); nothing to release: the model is
+        the trainer's own."""
+
     def forget_states(self) -> None:
         """Drop stored K/V (after an evaluation): the next rollout then runs as it would after a resume."""
         if self.prefix_kv is not None:

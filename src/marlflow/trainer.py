@@ -351,6 +351,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         metrics=False (steps between grpo.grad_metrics_every) skips what needs more than one flat gradient per
         role: per-slot gradients, proj_share, cos_others, slot_amplification / slot_cos and the EMA (ema_cos).
         """
+        self.backend.before_update()  # vLLM sleeps (weights to CPU, KV dropped) until the next generate
         cfg, g = self.cfg, self.cfg.grpo
         stats: dict[str, dict] = defaultdict(dict)
         total_loss, finite, policy_norms = 0.0, True, {}

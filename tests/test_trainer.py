@@ -252,3 +252,70 @@ def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
         assert torch.allclose(out["ours"][2], out["trl"][2], atol=1e-5, rtol=1e-3), slot
         shared_slots += 1
     assert shared_slots >= 1  # first-stage slots; later rounds carry each rollout's own history
+
+
+def _update_grads(trainer, calls, adv, **cfg_fields) -> dict[str, torch.Tensor]:
+    """Each policy's full flat gradient as update() hands it to AdamW (optimizer step pre-hook), with the
+    run config's fields replaced; parameters and AdamW state are put back afterwards."""
+    trainer.cfg = dataclasses.replace(trainer.cfg, **cfg_fields)
+    saved = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    grads, hooks = {}, []
+    for policy, opt in trainer.optimizers.items():
+        params = trainer.params[policy]
+
+        def record(opt, args, kwargs, policy=policy, params=params):
+            grads[policy] = torch.cat([t.grad.detach().flatten().clone() for t in params])
+
+        hooks.append(opt.register_step_pre_hook(record))
+    try:
+        stats = trainer.update(calls, adv)
+        assert stats["all"]["nan_skipped"] == 0
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for p, ps in trainer.params.items():
+                for t, v in zip(ps, saved[p]):
+                    t.copy_(v)
+        for opt in trainer.optimizers.values():
+            opt.state.clear()
+    return grads
+
+
+@pytest.mark.parametrize(
+    "workflow,sharing,loss_type",
+    [("voting", "sp", "grpo"), ("eval_opt", "ip", "bnpo"), ("orch_workers", "ip", "dapo")],
+)
+def test_token_budget_chunks_give_the_one_chunk_gradient(make_cfg, tmp_path, workflow, sharing, loss_type):
+    """max_chunk_tokens cuts each slot into several chunks of uneven widths; every policy's full gradient
+    vector equals the one with each slot in one chunk (max_chunk_tokens 0, micro_batch_size 0)."""
+    cfg = make_cfg(workflow, sharing, task="parity", loss_type=loss_type, max_grad_norm=1e6)
+    trainer = build_trainer(cfg, tmp_path)
+    with torch.no_grad():  # a trained-looking adapter: with lora_B = 0 the A matrices get no gradient
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    live = [i for i in range(len(calls)) if adv[i] != 0]
+    widest = max(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
+    budget = 2 * widest + 1  # at most two calls of the longest kind per chunk
+    pieces = [p for role in dict.fromkeys(c.role for c in calls)
+              for p in _pieces([i for i in live if calls[i].role == role], calls, 0, budget)]  # fmt: skip
+    assert max(len(slot) for slot in pieces) >= 2  # several chunks in a slot
+    assert max(len(chunk) for slot in pieces for chunk in slot) >= 2  # padded chunks (and shared prompts)
+    for slot in pieces:
+        for chunk in slot:
+            width = max(len(calls[i].prompt_ids) for i in chunk) + max(
+                len(calls[i].completion_ids) for i in chunk
+            )
+            assert len(chunk) == 1 or len(chunk) * width <= budget
+    whole = _update_grads(trainer, calls, adv, micro_batch_size=0, max_chunk_tokens=0)
+    chunked = _update_grads(trainer, calls, adv, micro_batch_size=0, max_chunk_tokens=budget)
+    capped = _update_grads(trainer, calls, adv, micro_batch_size=3, max_chunk_tokens=budget)
+    assert set(whole) == set(chunked) == set(capped) == set(cfg.policies)
+    for policy, g in whole.items():
+        assert g.abs().max() > 0, policy
+        tol = 1e-5 * g.abs().max().item()  # float32 sums in another order: ~1e-6 of the largest entry
+        torch.testing.assert_close(chunked[policy], g, rtol=1e-4, atol=tol, msg=policy)
+        torch.testing.assert_close(capped[policy], g, rtol=1e-4, atol=tol, msg=policy)

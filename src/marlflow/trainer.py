@@ -14,6 +14,8 @@ that one step reads top to bottom:
         intervention hook: g = sum_r scale_r * g_r (marlflow.interventions.role_scales; KL acts on the loss)
         clip this policy's gradient; step this policy's own AdamW and scheduler
     evaluate every eval_every steps; checkpoint every save_every steps
+    SIGTERM / SIGUSR1 (marlflow.preempt): abandon the step if its update has not started, else finish it;
+                                checkpoint the last completed step; raise preempt.Preempted (exit 75, rerun)
 
 Under SP each role's (and each slot's) gradient contribution is separated by differencing the accumulated
 gradient after each slot's backward, so per-role gradient metrics exist under both sharings with one
@@ -41,14 +43,14 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import algos, checkpoint
+from marlflow import algos, checkpoint, preempt
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.base_eval import SharedBaseEval
 from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend, use_gqa_sdpa
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.trackers import Trackers
-from marlflow.workflows import Context, rollout
+from marlflow.workflows import Context, RolloutStopped, rollout
 from marlflow.workflows import eval_metrics as workflow_eval_metrics
 
 log = logging.getLogger("marlflow.trainer")
@@ -100,9 +102,11 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
     )
 
 
-def _pieces(ridx: list[int], calls, mb: int) -> list[list[list[int]]]:
+def _pieces(ridx: list[int], calls, max_calls: int, max_tokens: int = 0) -> list[list[list[int]]]:
     """A role's calls per slot (first-seen slot order), each slot sorted by length and cut into
-    forward-backward chunks of at most `mb` calls.
+    forward-backward chunks of at most `max_calls` calls (0 = no cap) and at most `max_tokens` padded tokens
+    (0 = no budget): `algos.token_budget_chunks` with the width `collate` pads to, longest prompt + longest
+    completion (a chunk whose completions are all empty is one EOS token wider than counted).
 
     Chunks stay within a slot because calls of one slot have similar lengths (little padding; Eval-Opt's
     refinement prompts are ~5x its first prompt) and because each slot's gradient is measured. Sorting puts
@@ -113,8 +117,10 @@ def _pieces(ridx: list[int], calls, mb: int) -> list[list[list[int]]]:
         by_slot[calls[i].slot].append(i)
     out = []
     for idx in by_slot.values():
-        idx = sorted(idx, key=lambda i: len(calls[i].prompt_ids) + len(calls[i].completion_ids))
-        out.append([idx[s : s + mb] for s in range(0, len(idx), mb)])
+        prompts = [len(calls[i].prompt_ids) for i in idx]
+        lengths = [p + len(calls[i].completion_ids) for p, i in zip(prompts, idx)]
+        chunks = algos.token_budget_chunks(lengths, max_calls, max_tokens, prompt_lengths=prompts)
+        out.append([[idx[k] for k in chunk] for chunk in chunks])
     return out
 
 
@@ -357,7 +363,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         total_loss, finite, policy_norms = 0.0, True, {}
         roles_of: dict[str, list[str]] = {}
         own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r), for the EMA once all is finite
-        mb = cfg.micro_batch_size or len(calls)  # 0: a slot in one chunk
         active = cfg.intervention_spec["kind"] != "none"
         itv_own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r) for the intervention
         for policy in cfg.policies:
@@ -389,7 +394,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 # With a KL term (beta > 0) every call has a gradient, so all of them run.
                 live = [i for i in ridx if adv[i] != 0] if beta == 0 else ridx
                 start, slot_grads, ok = prev, [], True
-                for slot_pieces in _pieces(live, calls, mb):
+                for slot_pieces in _pieces(live, calls, cfg.micro_batch_size, cfg.max_chunk_tokens):
                     for piece in slot_pieces:
                         pcalls = [calls[i] for i in piece]
                         tok = sum(len(c.completion_ids) for c in pcalls)
@@ -531,13 +536,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "warned once per run)", self.step, role, gap, LOGP_GAP_WARN,
             )  # fmt: skip
 
-    def train_step(self, step: int) -> None:
+    def train_step(self, step: int) -> bool:
+        """One step: rollout, advantages, update, train metrics. Returns False, having changed nothing, when a stop
+        was requested (marlflow.preempt) before the update started: the step is abandoned for the rerun to do."""
         t0 = time.perf_counter()
         timer = defaultdict(float)
         calls_before = self.backend.calls
+        rng = checkpoint.rng_state()  # the step's start, for an abandoned rollout to go back to
         # Rollout seed: a pure function of (seed, step); only backends with their own RNG (vLLM) use it.
         ctx = self._ctx(self.cfg.grpo.temperature, timer, seed=self.cfg.seed * 100_003 + step)
-        episodes = rollout(self.cfg, self.task, self.problems_for(step), ctx, self.cfg.grpo.group_size)
+        ctx.should_stop = preempt.requested  # checked before each stage of the rollout
+        try:
+            episodes = rollout(self.cfg, self.task, self.problems_for(step), ctx, self.cfg.grpo.group_size)
+        except RolloutStopped:
+            episodes = None
+        if episodes is None or preempt.requested():  # the update has not started: undo the rollout
+            self._undo_rollout(rng, calls_before)
+            return False
         calls, r, adv, index, std = self.flatten(episodes)
         t1 = time.perf_counter()
         stats = self.update(calls, adv, metrics=step % self.cfg.grpo.grad_metrics_every == 0)
@@ -563,6 +578,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             values = {
                 "samples": len(sel),
                 "tokens": sum(lengths),
+                "prompt_tokens": sum(len(calls[i].prompt_ids) for i in sel),  # marlflow.plan checks its model
                 "reward_mean": r[sel].mean().item(),
                 "advantage_mean": adv[sel].mean().item(),
                 "advantage_std": adv[sel].std().item() if len(sel) > 1 else 0.0,
@@ -594,6 +610,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             "live": float((adv != 0).float().mean()) if len(adv) else 0.0,
             "seconds": step_time,
         }
+        return True
+
+    def _undo_rollout(self, rng: dict, calls_before: int) -> None:
+        """Put back what a rollout changed: the RNG states (HF sampling draws from torch's; `rng` is
+        checkpoint.rng_state() at the step's start), the rollout engine's stored K/V and its call count. The
+        trainer's own state (adapters, optimizers, EMAs, metric rows) is only touched by the update and after it."""
+        checkpoint.set_rng_state(rng)
+        self.backend.forget_states()
+        self.backend.calls = calls_before
 
     # ------------------------------------------------------------------ evaluation
 
@@ -828,9 +853,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self._cliff_guard(self.last_acc)
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
-        while self.step < g.steps:
+        while self.step < g.steps and not preempt.requested():
             self.step += 1
-            self.train_step(self.step)
+            if not self.train_step(self.step):  # stopped during its rollout: the step is undone
+                self.step -= 1
+                break
             evaluate = self.step % g.eval_every == 0 or self.step == g.steps
             save = (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
             if self._pending_base is not None and (evaluate or save):
@@ -842,9 +869,31 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             if save:
                 self.save_checkpoint()
             self._log_progress(first, t_start)
+        if self.step < g.steps:  # a SIGTERM / SIGUSR1 (marlflow.preempt): checkpoint, exit 75 for a rerun
+            self._stop_for_rerun()
         if self._pending_base is not None:  # steps: 0
             self._resolve_base_eval()
         return pd.DataFrame(self.metric_rows)
+
+    def _stop_for_rerun(self) -> None:
+        """Checkpoint the last completed step unless its checkpoint exists, log what happened, and raise
+        preempt.Preempted (marlflow.train exits with preempt.EXIT_PREEMPTED; the rerun resumes from here)."""
+        done = {p.name for p in checkpoint.complete(self.out_dir)}
+        if self.step == 0:  # the rerun starts afresh and reads step 0's evaluation from the cell's cache
+            what = "no step completed, nothing to checkpoint"
+        elif f"step-{self.step}" in done:
+            what = f"checkpoint step-{self.step} already written"
+        else:
+            if self._pending_base is not None:
+                self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
+                self.trackers.log(self.metric_rows)
+            self.save_checkpoint()
+            what = f"checkpointed step-{self.step}"
+        log.warning(
+            "stopped on %s at step %d of %d: %s, steps lost: 0; exiting with %d for a rerun to resume",
+            preempt.describe(), self.step, self.cfg.grpo.steps, what, preempt.EXIT_PREEMPTED,
+        )  # fmt: skip
+        raise preempt.Preempted(f"run {self.cfg.run_id} stopped on a signal after step {self.step}: {what}")
 
     def _log_progress(self, first: int, t_start: float) -> None:
         """One line per step for the job log: where the run is, how it learns, and when it will end."""

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 config.setdefault("matrix", "matrix.yaml")
 
 
+include: "rules/signals.smk"
 include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/train.smk"

@@ -10,6 +10,10 @@ it gave at its first evaluation, step 0's. The record sits beside the run folder
 of scoring it itself, score against the same record.
 eval accuracy starts at 1 and falls as soon as training changes what the workflow says, a certain cliff for
 cliff_guard's tests, and it comes back to 1 when the first eval's weights are restored.
+
+MARLFLOW_TEST_SIGNAL=SIGNAL@POINT:STEP makes the process send itself a real SIGNAL (SIGTERM, SIGUSR1) at a
+named point of training step STEP, for the preemption tests (marlflow.preempt): `rollout` = just after the
+step's first generate call of its rollout (the next stage is still to come), `update` = as the update starts.
 """
 
 import json
@@ -49,11 +53,59 @@ class Drift(ToyMath):
         ]
 
 
+def signal_at(spec: str) -> None:
+    """Wrap the trainer so that it signals itself at `spec` = SIGNAL@POINT:STEP (see the module docstring)."""
+    import signal
+
+    from marlflow import trainer as T
+    from marlflow import workflows
+
+    name, point = spec.split("@")
+    point, step = point.split(":")
+    sig, step = signal.Signals[name], int(step)
+    assert point in ("rollout", "update"), spec
+    in_step, fired = {"step": None}, []
+
+    def fire(now: int | None) -> None:
+        if now == step and not fired:  # once per process
+            fired.append(now)
+            os.kill(os.getpid(), sig)
+
+    train_step, update, generate = (
+        T.MultiAgentGRPOTrainer.train_step,
+        T.MultiAgentGRPOTrainer.update,
+        workflows.Context.generate,
+    )
+
+    def train_step_(self, s):
+        in_step["step"] = s
+        try:
+            return train_step(self, s)
+        finally:
+            in_step["step"] = None
+
+    def update_(self, *args, **kwargs):
+        if point == "update":
+            fire(in_step["step"])
+        return update(self, *args, **kwargs)
+
+    def generate_(self, pending):
+        generate(self, pending)
+        if point == "rollout" and self.should_stop is not None:  # a training rollout, after its first stage
+            fire(in_step["step"])
+
+    T.MultiAgentGRPOTrainer.train_step = train_step_
+    T.MultiAgentGRPOTrainer.update = update_
+    workflows.Context.generate = generate_
+
+
 if __name__ == "__main__":
     from marlflow import base_eval
     from marlflow.config import RunConfig
     from marlflow.train import main
 
+    if os.environ.get("MARLFLOW_TEST_SIGNAL"):
+        signal_at(os.environ["MARLFLOW_TEST_SIGNAL"])
     out, config = (Path(sys.argv[sys.argv.index(flag) + 1]) for flag in ("--out", "--config"))
     Drift.record = out.parent / f"drift_base-{base_eval.key(RunConfig.load(config))}.json"
     sys.exit(main())

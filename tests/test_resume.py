@@ -1,4 +1,5 @@
-"""Resume equivalence: a run killed with SIGKILL and rerun ends exactly where an uninterrupted run ends.
+"""Resume equivalence: a run killed with SIGKILL, or stopped by SIGTERM / SIGUSR1 (marlflow.preempt), and rerun
+ends exactly where an uninterrupted run ends.
 
 Compared: every metric except wall-clock timings (step_time, time_*, incl. time_eval), bit for bit, and every adapter
 tensor with torch.equal. On one CPU machine with a fixed seed the computation is deterministic (same
@@ -27,7 +28,9 @@ from marlflow.metrics import VOLATILE_METRICS
 HERE = Path(__file__).parent
 
 
-def _train(cfg_path: Path, out: Path, env=None) -> subprocess.Popen:
+def _train(cfg_path: Path, out: Path, env=None, signal_at: str | None = None) -> subprocess.Popen:
+    if signal_at:  # parity_train.py sends itself this signal at this point (MARLFLOW_TEST_SIGNAL)
+        env = {**(env or os.environ), "MARLFLOW_TEST_SIGNAL": signal_at}
     return subprocess.Popen(
         [sys.executable, str(HERE / "parity_train.py"), "--config", str(cfg_path), "--out", str(out)],
         stdout=subprocess.DEVNULL,
@@ -71,6 +74,11 @@ def kill_and_resume(cfg, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
 
     p = _train(cfg_path, run)
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    return _assert_same_run(ref, run)
+
+
+def _assert_same_run(ref: Path, run: Path) -> tuple[dict, pd.DataFrame]:
+    """`run` ended bit-identical to `ref` (metrics except timings, every adapter tensor), every step once."""
     pd.testing.assert_frame_equal(_metrics(ref), _metrics(run))
     m = _metrics(run)
     assert not m.duplicated(["step", "split", "role", "metric"]).any()
@@ -90,6 +98,72 @@ def test_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, 
     a, _ = kill_and_resume(cfg, tmp_path)
     # the run really trained: adapters are not at their zero init
     assert any(v.abs().sum() > 0 for f in a for k, v in a[f].items() if "lora_B" in k)
+
+
+@pytest.mark.parametrize(
+    "workflow,sharing,stops",
+    [
+        # SIGTERM during step 2's rollout: step 2 is abandoned, step 1 checkpointed; then SIGUSR1 as step 3's
+        # update starts: step 3 is finished and checkpointed.
+        ("voting", "ip", [("SIGTERM@rollout:2", 1), ("SIGUSR1@update:3", 3)]),
+        # The other way round, on a three-stage workflow with one shared adapter; step 2's evaluation is due
+        # (eval_every 2) and runs before the checkpoint.
+        ("orch_workers", "sp", [("SIGUSR1@rollout:2", 1), ("SIGTERM@update:2", 2)]),
+    ],
+)
+def test_signal_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, sharing, stops):
+    """SIGTERM and SIGUSR1 (SLURM's --signal) between checkpoints (save_every 0: only the last step is saved on
+    its own): the run checkpoints its last completed step and exits 75, each rerun resumes, and the end is
+    bit-identical to an uninterrupted run, no step repeated or missing."""
+    from marlflow.preempt import EXIT_PREEMPTED
+
+    cfg = make_cfg(workflow, sharing, task="parity", steps=4, save_every=0, eval_every=2)
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
+    ref, run = tmp_path / "uninterrupted", tmp_path / "stopped"
+    p = _train(cfg_path, ref)
+    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    for spec, kept in stops:
+        p = _train(cfg_path, run, signal_at=spec)
+        err = p.communicate(timeout=300)[1].decode()
+        assert p.returncode == EXIT_PREEMPTED, (spec, err)
+        assert f"checkpointed step-{kept}, steps lost: 0" in err, err
+        assert not (run / "DONE").exists() and not (run / "metrics.parquet").exists()
+        newest = max((run / "checkpoints").glob("step-*"), key=lambda c: int(c.name[5:]))
+        assert newest.name == f"step-{kept}" and (newest / "COMPLETE").exists()
+        m = pd.read_parquet(newest / "metrics.parquet")  # every step up to `kept`, once, and none after it
+        assert sorted(m[m.split == "train"].step.unique()) == list(range(1, kept + 1))
+        assert sorted(m[m.split == "eval"].step.unique()) == [s for s in (0, 2) if s <= kept]
+        assert not m.duplicated(["step", "split", "role", "metric"]).any()
+    p = _train(cfg_path, run)
+    err = p.communicate(timeout=300)[1].decode()
+    assert p.returncode == 0, err
+    assert f"resumed from {run / 'checkpoints' / f'step-{stops[-1][1]}'}" in err
+    _, m = _assert_same_run(ref, run)
+    assert sorted(m[m.split == "train"].step.unique()) == [1, 2, 3, 4]
+    assert sorted(m[m.split == "eval"].step.unique()) == [0, 2, 4]
+
+
+def test_second_signal_exits_at_once():
+    """The first SIGTERM / SIGUSR1 is a request the trainer acts on at its next safe point; a second one (SLURM's
+    SIGTERM at the time limit after its SIGUSR1) exits at once with 128 + the signal, as before."""
+    from marlflow import preempt
+
+    saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    try:
+        preempt.reset()
+        preempt.install()
+        assert not preempt.requested()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert preempt.requested() and preempt.describe().startswith("SIGUSR1 (received ")
+        with pytest.raises(SystemExit) as exit_:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode; never reached
+        assert exit_.value.code == 128 + signal.SIGTERM
+    finally:
+        preempt.reset()
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, caplog):

@@ -13,7 +13,11 @@ checkpoint loadable; `keep_checkpoints` prunes older ones after the rename. Resu
 and resumed writes the same metrics and adapters as one that was not) rests on this module restoring every
 piece of state that `save` writes; tests/test_resume.py checks it.
 
-The trainer calls `save(trainer)` every `grpo.save_every` steps and `restore(trainer)` at start.
+The trainer calls `save(trainer)` every `grpo.save_every` steps (0: at the last step only) and `restore(trainer)`
+at start. On a SIGTERM or SIGUSR1 (marlflow.preempt) it also saves the last completed step, whatever save_every
+says, unless that step's checkpoint already exists, and exits with code 75; a step abandoned during its rollout
+puts the RNG states back first (`rng_state` / `set_rng_state`), so the checkpoint is the one that the step's
+start would have written and the rerun redoes the step bit for bit.
 
 Checkpoints of another config are never resumed from. When a cell of matrix.yaml changes, Snakemake reruns that
 run under the new config, and resuming it from the old config's step 30 would mix two runs in one curve.
@@ -51,6 +55,25 @@ def complete(out_dir: Path) -> list[Path]:
     root = out_dir / "checkpoints"
     done = [p for p in root.glob("step-*") if (p / "COMPLETE").exists() and p.name[5:].isdigit()]
     return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def rng_state() -> dict:
+    """The Python, NumPy, torch and CUDA (every device; None without CUDA) RNG states, as checkpoints hold them."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Put back RNG states from `rng_state()`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save(trainer) -> Path:
@@ -95,12 +118,7 @@ def _write(trainer, tmp: Path) -> None:
             "schedulers": {p: s.state_dict() for p, s in trainer.schedulers.items()},
             "grad_ema": trainer.grad_ema,
             "interventions": trainer.itv.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            },
+            "rng": rng_state(),
         },
         tmp / "state.pt",
     )
@@ -133,11 +151,7 @@ def restore(trainer) -> bool:
         trainer.optimizers[p].load_state_dict(sd)
     for p, sd in state["schedulers"].items():
         trainer.schedulers[p].load_state_dict(sd)
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    set_rng_state(state["rng"])
     trainer.step, trainer.nan_streak = state["step"], state["nan_streak"]
     trainer.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
     trainer.itv.load_state_dict(state.get("interventions", {}))

@@ -10,6 +10,13 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
     RUN_DIR/checkpoints/step-N/adapters/<policy>/   LoRA adapters (PEFT format) + optimizer/RNG state
     RUN_DIR/final/<policy>/   the last step's adapters for PeftModel.from_pretrained + model card (marlflow.final)
     RUN_DIR/DONE              JSON with the final step and accuracy
+
+Exit codes: 0 done; 1 the run failed (the message says why); 2 an invalid run config; 75 stopped by a SIGTERM
+or SIGUSR1 after checkpointing its last completed step: rerun it to resume, nothing is lost (Snakemake's
+`retries` does). The first SIGTERM / SIGUSR1 abandons the current step if its update has not started, else
+finishes it (and its evaluation, when due), then checkpoints and exits 75; a second one exits at once with
+128 + signal (143 / 138), leaving the newest complete checkpoint; SIGINT stops at once (marlflow.preempt).
+SLURM's `--signal=USR1@900` (profiles/slurm) sends SIGUSR1 15 minutes before the time limit.
 """
 
 from __future__ import annotations
@@ -18,14 +25,13 @@ import argparse
 import contextlib
 import errno
 import logging
-import signal
 import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from marlflow import trackers
+from marlflow import preempt, trackers
 from marlflow.config import ConfigError, RunConfig
 from marlflow.final import write_final
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
@@ -125,9 +131,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="run folder for metrics, samples, checkpoints, DONE")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # scancel and Snakemake send SIGTERM: exit through Python so cleanup (scratch adapters, trackers) runs.
-    # Checkpoints are renamed into place whole, so stopping anywhere leaves the newest complete one.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # scancel, preemption, Snakemake and SLURM's --signal (SIGUSR1 before the time limit): stop at the next
+    # safe point with a checkpoint (marlflow.preempt); every exit goes through Python, so cleanup (scratch
+    # adapters, trackers) runs. Checkpoints are renamed into place whole: stopping anywhere leaves the newest one.
+    preempt.install()
     try:
         cfg = RunConfig.load(args.config)
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value
@@ -148,6 +155,8 @@ def main(argv=None) -> int:
         return 1
     try:
         run(cfg, Path(args.out), task)
+    except preempt.Preempted:  # checkpointed and logged by the trainer
+        return preempt.EXIT_PREEMPTED
     except (OSError, ValueError, RuntimeError) as err:
         hint = ""
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:

@@ -52,6 +52,10 @@ class Episode:
     info: dict = field(default_factory=dict)
 
 
+class RolloutStopped(Exception):
+    """`Context.should_stop` answered yes before a stage: the rollout was abandoned between two stages."""
+
+
 class Context:
     """What a workflow may use: the task kind, run settings and a batched `generate`."""
 
@@ -66,9 +70,14 @@ class Context:
         self.sampling = sampling
         self.timer = timer if timer is not None else defaultdict(float)
         self.stage = 0  # backend calls so far in this rollout: each gets its own request seeds
+        # () -> bool, asked before each stage; True raises RolloutStopped. The trainer sets it for training
+        # rollouts (marlflow.preempt: a stop requested during a rollout abandons the step at its next stage).
+        self.should_stop = None
 
     def generate(self, pending: list[tuple[Episode, Call]]) -> None:
         """Fill in every call's completion, one backend call per policy."""
+        if self.should_stop is not None and self.should_stop():
+            raise RolloutStopped(f"stop requested before stage {self.stage} of the rollout")
         t0 = time.perf_counter()
         by_policy: dict[str, list[Call]] = defaultdict(list)
         for episode, call in pending:

@@ -319,3 +319,115 @@ def test_token_budget_chunks_give_the_one_chunk_gradient(make_cfg, tmp_path, wor
         tol = 1e-5 * g.abs().max().item()  # float32 sums in another order: ~1e-6 of the largest entry
         torch.testing.assert_close(chunked[policy], g, rtol=1e-4, atol=tol, msg=policy)
         torch.testing.assert_close(capped[policy], g, rtol=1e-4, atol=tol, msg=policy)
+
+
+def _checkpointing(model, on: bool) -> None:
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
+@pytest.mark.parametrize("workflow,sharing", [("voting", "sp"), ("eval_opt", "ip")])
+def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp_path, workflow, sharing):
+    """With decoder layers checkpointed, the trainer's log-probs (`_get_per_token_logps_and_entropies`, which
+    shares each repeated prompt's forward when it can), entropies and LoRA gradients equal TRL's plain forward
+    without checkpointing, slot by slot; and update()'s full gradient per policy equals the one without it.
+    transformers drops a K/V cache inside checkpointed layers, so the shared-prefix path must not run there
+    (it gave log-probs up to ~1 nat off, silently)."""
+    from trl import GRPOTrainer
+
+    cfg = make_cfg(workflow, sharing, task="parity", max_grad_norm=1e6)
+    trainer = build_trainer(dataclasses.replace(cfg, gradient_checkpointing="on"), tmp_path)
+    model = trainer.model
+    with torch.no_grad():  # a trained-looking adapter: a fresh lora_B is zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    policy = cfg.policies[0]
+    model.set_adapter(policy)
+    model.train()
+    repeated = 0
+    for slot in dict.fromkeys(c.slot for c in calls if cfg.policy_of(c.role) == policy):
+        piece = [i for i, c in enumerate(calls) if c.slot == slot]
+        repeated += len({tuple(calls[i].prompt_ids) for i in piece}) < len(piece)
+        inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        keep = inputs["completion_ids"].size(1)
+        weights = torch.randn(len(piece), keep)
+        out = {}
+        for name, on in (("plain, no checkpointing", False), ("trainer, checkpointing", True)):
+            _checkpointing(model, on)
+            assert model.is_gradient_checkpointing == on
+            model.zero_grad(set_to_none=True)
+            if on:
+                logps, ent, _ = trainer._get_per_token_logps_and_entropies(
+                    model, ids, mask, keep, compute_entropy=True
+                )
+            else:
+                logps, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                    trainer, model, ids, mask, keep, compute_entropy=True
+                )
+            ((logps * weights * inputs["completion_mask"]).sum()).backward()
+            grad = torch.cat([p.grad.flatten() for p in trainer.params[policy]])
+            out[name] = (logps.detach(), ent.detach(), grad)
+        (ref_lp, ref_ent, ref_g), (lp, ent, g) = out.values()
+        m = inputs["completion_mask"].bool()
+        torch.testing.assert_close(lp[m], ref_lp[m], atol=1e-4, rtol=0, msg=f"log-probs, {slot}")
+        torch.testing.assert_close(ent[m], ref_ent[m], atol=1e-4, rtol=0, msg=f"entropies, {slot}")
+        torch.testing.assert_close(
+            g, ref_g, atol=1e-5 * ref_g.abs().max().item(), rtol=1e-3, msg=f"gradient, {slot}"
+        )
+    assert repeated >= 1  # a slot where the shared-prefix path would run
+    grads = {}
+    for on in (False, True):
+        _checkpointing(model, on)
+        grads[on] = _update_grads(trainer, calls, adv)
+    assert set(grads[True]) == set(cfg.policies)
+    for p, g in grads[False].items():
+        assert g.abs().max() > 0, p
+        torch.testing.assert_close(grads[True][p], g, atol=1e-5 * g.abs().max().item(), rtol=1e-4, msg=p)
+
+
+def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
+    """gradient_checkpointing 'on' enables non-reentrant checkpointing on the training model; generation
+    (eval mode, K/V cache) samples exactly what it samples without checkpointing, even right after a training
+    update left the model in training mode; a 2-step run with a KL term (reference forward under no_grad)
+    trains and evaluates."""
+    from marlflow.generation import Sampling
+
+    cfg = dataclasses.replace(
+        make_cfg("voting", "ip", task="parity", beta=0.05),
+        gradient_checkpointing="on",
+        generation_dtype="model",
+    )
+    trainer = build_trainer(cfg, tmp_path / "run")
+    model = trainer.model
+    assert model.is_gradient_checkpointing and trainer.args.gradient_checkpointing
+    assert trainer.args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 2)
+    prompts = [c.prompt_ids for e in episodes for c in e.calls if c.role == "generator"]
+    out = {}
+    for on in (True, False):
+        _checkpointing(model, on)
+        model.train()  # as update() leaves it
+        trainer.backend.on_update()
+        torch.manual_seed(5)
+        out[on] = trainer.backend.generate("generator", prompts, Sampling(1.0, 1.0, 12))
+    assert out[True] == out[False]
+    _checkpointing(model, True)
+    metrics = trainer.fit()
+    evals = metrics[(metrics.split == "eval") & (metrics.metric == "accuracy") & (metrics.role == "all")]
+    assert evals.step.tolist() == [0, 1, 2]
+    train = metrics[(metrics.split == "train") & (metrics.role == "all")]
+    assert train[train.metric == "nan_skipped"].value.sum() == 0
+    assert train[train.metric == "grad_norm"].value.min() > 0
+    assert (metrics[metrics.metric == "kl"].value > 0).any()
+
+
+def test_gradient_checkpointing_is_off_by_default_on_the_toy_model(make_cfg, tmp_path):
+    trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
+    assert not trainer.model.is_gradient_checkpointing and not trainer.args.gradient_checkpointing

@@ -92,7 +92,12 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
         max_grad_norm=g.max_grad_norm,
         use_cpu=cfg.device == "cpu",
         bf16=cfg.device == "cuda",
-        gradient_checkpointing=False,
+        # RunConfig.gradient_checkpointing (auto: on at hub scales). TRL reads the flag only to call PEFT's
+        # enable_input_require_grads in its __init__ (transformers' Trainer.train(), which would enable the
+        # checkpointing itself, is never called: MultiAgentGRPOTrainer.__init__ enables it, non-reentrant,
+        # with these same kwargs, which TRL's disable_gradient_checkpointing also restores with).
+        gradient_checkpointing=cfg.use_gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if cfg.use_gradient_checkpointing else None,
         report_to="none",
         save_strategy="no",
         logging_steps=1,
@@ -161,6 +166,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
         use_gqa_sdpa(self.model)  # CPU: grouped K/V heads read in place, not copied per layer (same forward)
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
+        if cfg.use_gradient_checkpointing:
+            # Non-reentrant: the recompute is driven by autograd's saved-tensor hooks, so LoRA gradients flow
+            # without inputs that require grad and with keyword arguments (the reentrant variant needs both).
+            # It acts in training mode only: generation (model.eval(), HFBackend) keeps its K/V cache. Enabled
+            # after the backend is built, so the hf backend's bf16 sampling copy has no checkpointing in it.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.share_prefix = True  # run each distinct prompt of a piece once (see _shared_prefix_logps)
         if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox before the step-0 eval
             task.warm_up()
@@ -213,6 +224,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # `update` can compare them with the rollout engine's.
         shared = None
         plain = all(v is None or v is False for v in kwargs.values())  # no images, no MoE aux loss
+        # _shared_prefix_logps returns None (TRL's forward runs) where layers are checkpointed, see there.
         if self.share_prefix and plain and (batch_size is None or batch_size >= input_ids.size(0)):
             shared = self._shared_prefix_logps(
                 model, input_ids, attention_mask, logits_to_keep, compute_entropy
@@ -237,10 +249,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         into a KV cache, the cache is expanded to the rows with `index_select` (gradients flow back through it),
         and each row runs only its last prompt token and completion, through the same fused log-prob head and
         the same positions (0..T-1) as TRL's forward. Returns ((B, C) log-probs, (B, C) entropies or None), or
-        None when no prompt repeats. Equal to TRL's up to float rounding, gradients included
-        (tests/test_trainer.py::test_shared_prefix_logps_equal_trls); benchmarks/bench_prefix_share.py."""
+        None when no prompt repeats or when the model's layers are checkpointed (below). Equal to TRL's up to
+        float rounding, gradients included (tests/test_trainer.py::test_shared_prefix_logps_equal_trls,
+        ::test_gradient_checkpointing_gives_the_same_logps_and_gradients); benchmarks/bench_prefix_share.py."""
         from transformers import DynamicCache
 
+        # Switched off under gradient checkpointing (training mode), not adapted to it. transformers sets
+        # past_key_values=None inside a checkpointed layer (a one-time warning), because a recompute would write
+        # the cache twice: this path's rows would attend to no prompt at all, silently (up to 3.9 nats off
+        # on the toy model). Running the prefix forward uncheckpointed is correct but keeps every activation of
+        # the prompt (~92 KiB per token per layer at Qwen3-0.6B widths, measured on the CPU for issue 23), the
+        # memory checkpointing exists to save; a read-only cache that checkpointed layers may keep would be
+        # correct, but the cache expanded to the B rows, B x P x layers x 2 x 1,024 K/V values (4 KiB per token
+        # per layer in bf16 at Qwen3 0.6B-4B), is as large as or larger than what checkpointing keeps of those
+        # prompts in TRL's forward (their layer inputs: hidden size x 2 bytes, 2 / 4 / 5 KiB). So where layers
+        # are checkpointed the plain forward is both correct and the smaller; the sharing saves compute only.
+        if model.training and getattr(model, "is_gradient_checkpointing", False):
+            return None
         n_prefix = input_ids.size(1) - logits_to_keep - 1  # prompt positions in the cache
         if n_prefix < 1:
             return None

@@ -32,6 +32,34 @@ def _load_sheet():
 
 
 SHEET = _load_sheet()
+
+
+def _refuse_runs_that_do_not_fit():
+    # A profile that names its GPUs' memory per scale (scale_resources: {4b: {gpu_mem_gb: 80}}) gets every run
+    # checked by the planner before anything is submitted: a run predicted not to fit would only fail hours
+    # later, out of memory on the node. Same one-paragraph message style and exit code as a matrix error.
+    table = config.get("scale_resources") or {}
+    if not any("gpu_mem_gb" in (v or {}) for v in table.values()):
+        return
+    import json
+
+    from marlflow.config import RunConfig
+    from marlflow.plan import refusal
+
+    for rid, row in SHEET.iterrows():
+        res = table.get(row["scale"]) or {}
+        if res.get("gpu_mem_gb") is None:
+            continue
+        cfg = RunConfig.from_dict(json.loads(row["config"]))
+        where = f"scale_resources.{row['scale']}.gpu_mem_gb in the profile's config"
+        msg = refusal(cfg, float(res["gpu_mem_gb"]), int(res.get("gpu") or 1), where)
+        if msg:
+            print(f"error: {msg}", file=sys.stderr)
+            sys.stderr.flush()
+            sys.exit(2)
+
+
+_refuse_runs_that_do_not_fit()
 RUN_IDS = list(SHEET.index)
 MODELS = dict(zip(SHEET["scale"], SHEET["model"]))
 # Longest first: a train job's priority is the rank of its estimated work (marlflow.matrix.work_estimate),

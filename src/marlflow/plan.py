@@ -370,7 +370,8 @@ class SlotTokens:
 
 
 def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | None = None,
-                continue_frac: float = 1.0) -> list[SlotTokens]:  # fmt: skip
+                continue_frac: float = 1.0, workers: float | None = None,
+                strategy: float | None = None) -> list[SlotTokens]:  # fmt: skip
     """Tokens per step by slot.
 
     completion: mean completion tokens per call as a share of grpo.max_completion_length (a float), or
@@ -378,6 +379,10 @@ def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | 
         the end-of-sequence token.
     episodes: episodes per step (default problems_per_step x group_size).
     continue_frac: Eval-Opt: share of episodes that go on to each further round (1 = every round runs).
+    workers: Orch-Workers: mean worker calls per episode (default n_workers; fewer when the orchestrator's
+        strategies do not parse and one fallback worker runs).
+    strategy: Orch-Workers: mean tokens of the strategy a worker's prompt carries (default: the orchestrator's
+        completion split over the workers).
     Prompts are cut to grpo.max_prompt_length as ChatEncoder cuts them (keeping the end)."""
     g = cfg.grpo
     kind = cfg.task_axis
@@ -389,18 +394,36 @@ def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | 
             return float(completion.get(role, g.max_completion_length))
         return completion * g.max_completion_length
 
+    def share(slot: str) -> float:
+        """Share of episodes that make this call."""
+        if cfg.workflow == "eval_opt":
+            return continue_frac ** int(slot[-1])
+        if slot.startswith("worker") and workers is not None:
+            return min(max(workers - int(slot[-1]), 0.0), 1.0)
+        return 1.0
+
     out, comp_of = [], {}
-    stages = episode_calls(cfg, kind)
-    for s, stage in enumerate(stages):
+    for s, stage in enumerate(episode_calls(cfg, kind)):
         for c in stage:
-            carried = sum(max(comp_of[a] - 1, 0) for a in c.answers)
+            # Answers carried in; a synthesizer carries only the workers that ran (per episode, on average).
+            carried = sum(
+                max(comp_of[a] - 1, 0) * (share(a) if cfg.workflow != "eval_opt" else 1) for a in c.answers
+            )
             if c.strategy:
-                carried += max(comp_of["orchestrator0"] - 1, 0) / max(cfg.n_workers, 1)
-            prompt = min(_template_tokens(cfg.model, c.messages) + q + carried, g.max_prompt_length)
+                carried += (max(comp_of["orchestrator0"] - 1, 0) / max(workers or cfg.n_workers, 1)
+                            if strategy is None else strategy)  # fmt: skip
+            messages = c.messages
+            if (
+                c.role == "synthesizer" and workers is not None
+            ):  # one "--- Solution k ---" per worker that ran
+                from marlflow.workflows import prompts
+
+                messages = prompts.synthesize(kind, "", [""] * max(1, round(workers)))
+            prompt = min(_template_tokens(cfg.model, messages) + q + carried, g.max_prompt_length)
             comp_of[c.slot] = comp(c.role)
-            rnd = int(c.slot[-1]) if cfg.workflow == "eval_opt" else 0
-            calls = round(episodes * continue_frac**rnd)
-            out.append(SlotTokens(c.slot, c.role, s, calls, prompt, comp_of[c.slot]))
+            out.append(
+                SlotTokens(c.slot, c.role, s, round(episodes * share(c.slot)), prompt, comp_of[c.slot])
+            )
     return out
 
 
@@ -449,23 +472,21 @@ class Chunk:
     prompt: int
 
 
-def largest_chunk(cfg: RunConfig, slots: list[SlotTokens]) -> Chunk:
-    """The chunk with the most padded tokens (calls x width) when every call is at its caps: each slot's calls
-    packed by `algos.token_budget_chunks` with cfg.micro_batch_size and cfg.max_chunk_tokens, as the trainer
-    packs them."""
-    best = None
+def largest_chunk(cfg: RunConfig, slots: list[SlotTokens], shape: ModelShape, checkpointing: bool) -> Chunk:
+    """The chunk that needs the most memory when every call is at its caps: each slot's calls packed by
+    `algos.token_budget_chunks` with cfg.micro_batch_size and cfg.max_chunk_tokens, as the trainer packs
+    them, and each slot's biggest chunk sized by `chunk_activation_bytes`."""
+    best, best_bytes = None, -1.0
     for s in slots:
         p = int(min(s.prompt_per_call, cfg.grpo.max_prompt_length))
         w = p + cfg.grpo.max_completion_length
         chunks = token_budget_chunks([w] * s.calls, cfg.micro_batch_size, cfg.max_chunk_tokens,
                                      prompt_lengths=[p] * s.calls)  # fmt: skip
         n = max(len(c) for c in chunks)
-        if (
-            best is None
-            or n * w > best.calls * best.width
-            or (n * w == best.calls * best.width and w > best.width)
-        ):
-            best = Chunk(s.slot, n, w, p)
+        b = sum(chunk_activation_bytes(shape, dtype_of(cfg), cfg.grpo.lora_r, n, w, checkpointing, cfg.device,
+                                       cfg.grpo.max_completion_length).values())  # fmt: skip
+        if b > best_bytes:
+            best, best_bytes = Chunk(s.slot, n, w, p), b
     return best
 
 
@@ -586,21 +607,24 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
     return t_gen + t_train + t_eval + sleep + allreduce + TIME["step_overhead_s"]
 
 
-def plan_run(cfg: RunConfig, gpu: str = "h100-80gb", n_gpus: int = 1) -> RunPlan:
-    """Memory and time plan of one run (see RunPlan). n_gpus: data parallel ranks: each rank rolls out and
-    trains problems_per_step / n_gpus problems and all-reduces the adapter gradients; memory per GPU is
-    unchanged (every rank holds the model, the adapters and vLLM)."""
-    if gpu not in GPUS:
+def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> RunPlan:
+    """Memory and time plan of one run (see RunPlan); `gpu` is a name in GPUS or a GPU.
+
+    n_gpus: data-parallel ranks: each rank rolls out and trains problems_per_step / n_gpus problems and
+    all-reduces the adapter gradients; memory per GPU is unchanged (every rank holds the model, the adapters
+    and vLLM). Multi-GPU runs are not built yet (a later issue): this sizes them."""
+    if not isinstance(gpu, GPU) and gpu not in GPUS:
         raise PlanError(f"gpu {gpu!r} is unknown; choose one of {', '.join(GPUS)}")
     if n_gpus < 1:
         raise PlanError(f"n_gpus is {n_gpus}; it must be >= 1")
-    card = GPUS[gpu]
+    card = gpu if isinstance(gpu, GPU) else GPUS[gpu]
+    gpu = gpu if isinstance(gpu, str) else f"{card.memory_gb:g} GB GPU"
     shape = model_shape(cfg.model, cfg.scale)
     ckpt = bool(getattr(cfg, "use_gradient_checkpointing", False))
     g = cfg.grpo
     per_rank = math.ceil(g.problems_per_step / n_gpus) * g.group_size
     slots_cap = slot_tokens(cfg, 1.0, episodes=per_rank)
-    chunk = largest_chunk(cfg, slots_cap)
+    chunk = largest_chunk(cfg, slots_cap, shape, ckpt)
     mem = _memory(cfg, shape, chunk, card, ckpt)
     alt = _memory(cfg, shape, chunk, card, not ckpt)
     peak, peak_alt = _peak(mem), _peak(alt)
@@ -626,6 +650,58 @@ def plan_run(cfg: RunConfig, gpu: str = "h100-80gb", n_gpus: int = 1) -> RunPlan
         gpu_memory_gb=card.memory_gb, fits=peak / GB <= (1 - MEMORY["margin"]) * card.memory_gb,
         step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
     )  # fmt: skip
+
+
+def card_of(gpu_memory_gb: float) -> GPU:
+    """A GPU with `gpu_memory_gb` GB and an H100's speed (what a profile's gpu_mem_gb describes)."""
+    h = GPUS["h100-80gb"]
+    return GPU(float(gpu_memory_gb), h.bf16_tflops, h.hbm_gbs, h.link_gbs, f"{gpu_memory_gb:g} GB")
+
+
+def _fits_with(cfg: RunConfig, card: GPU, n_gpus: int, budget: int) -> bool:
+    d = {**cfg.to_dict(), "max_chunk_tokens": budget, "gradient_checkpointing": "on"}
+    return plan_run(RunConfig.from_dict(d), card, n_gpus).fits
+
+
+def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = "") -> str | None:
+    """None when `cfg` is predicted to fit a GPU of `gpu_memory_gb` GB with >= 10% spare; else a one-paragraph
+    message naming the run, the predicted GB, the GPU's memory and the setting to change. `where` says where
+    the GPU's memory was set (e.g. the profile key). The card's speed does not matter here: H100 figures."""
+    p = plan_run(cfg, card_of(gpu_memory_gb), n_gpus)
+    if p.fits:
+        return None
+    limit = (1 - MEMORY["margin"]) * gpu_memory_gb
+    m = p.memory
+    base = m["weights"] + m["adapters"] + m["cuda_context"]
+    rollout = base + m["vllm_rollout"]
+    update = base + p.activations_gb + m["head"] + m["vllm_update"]
+    fixes = []
+    if rollout > limit:
+        util = max((limit - base) / gpu_memory_gb, 0.0)
+        fixes.append(f"lower vllm_gpu_memory_utilization (now {cfg.vllm_gpu_memory_utilization}; the rollout "
+                     f"phase needs {rollout:.1f} GB, so at most ~{util:.2f})")  # fmt: skip
+    if update > limit:
+        if not p.checkpointing:
+            fixes.append(f"set gradient_checkpointing: on (predicted {p.peak_alt_gb:.1f} GB with it)")
+        budget = next((b for b in (65536, 49152, 32768, 24576, 16384, 8192, 4096)
+                       if _fits_with(cfg, card_of(gpu_memory_gb), n_gpus, b)), None)  # fmt: skip
+        hint = f"; {budget} with checkpointing would fit" if budget else ""
+        fixes.append(f"lower max_chunk_tokens (now {cfg.max_chunk_tokens or 'no budget'}; the largest chunk is "
+                     f"{p.chunk.calls} x {p.chunk.width:,} tokens, {p.activations_gb:.1f} GB of activations{hint})")  # fmt: skip
+        if not cfg.use_vllm_sleep and cfg.backend == "vllm":
+            fixes.append("let vLLM sleep during the update (vllm_sleep: on)")
+    fixes.append(
+        "or give this scale a GPU with more memory (more GPUs per run do not lower the memory per GPU)"
+    )
+    return (
+        f"run {cfg.run_id} (preset {cfg.preset}) is predicted not to fit its GPU: it needs {p.peak_gb:.1f} GB per "
+        f"GPU at its peak (planner prediction: weights {m['weights']:.1f}, adapters and AdamW {m['adapters']:.1f}, "
+        f"activations {p.activations_gb:.1f}, output head {m['head']:.1f}, vLLM {m['vllm_rollout']:.1f} during "
+        f"rollouts / {m['vllm_update']:.1f} during the update), but the GPU has {gpu_memory_gb:g} GB"
+        f"{' (' + where + ')' if where else ''} and a run must leave 10% of it spare ({limit:.1f} GB). To fix it, "
+        f"in matrix.yaml presets.{cfg.preset}.run: " + "; ".join(fixes) + ". "
+        f"See `python -m marlflow.plan --preset {cfg.preset}` and docs/planner.md."
+    )
 
 
 # ------------------------------------------------------------------------------------------------ CLI

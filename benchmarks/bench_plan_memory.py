@@ -1,0 +1,372 @@
+"""Validate marlflow.plan's memory model on the CPU: saved-tensor fit, and measured chunk peaks vs predicted.
+
+    python benchmarks/bench_plan_memory.py fit                 # ACT_COEF: bytes per token per layer, exact fit
+    python benchmarks/bench_plan_memory.py validate [--repeats 3] [--cap-gb 6]   # >= 6 configurations
+    python benchmarks/bench_plan_memory.py table [--cap-gb 6]  # Qwen3-0.6B widths, S = 1k..8k, old vs new
+
+`fit` counts the tensors one decoder layer saves for backward (torch.autograd.graph.saved_tensors_hooks, distinct
+storages, parameters skipped) on random models of varied widths with LoRA on every linear layer, and fits bytes
+per token per layer as a linear function of the widths (marlflow.plan.ACT_COEF). bf16 uses transformers' SDPA
+(the CUDA path); fp32 uses the trainer's CPU attention (marlflow.generation.use_gqa_sdpa).
+
+`validate` and `table` measure the real peak of one forward-backward chunk through the trainer's own path:
+`MultiAgentGRPOTrainer.update` on one slot's calls (collate -> TRL `_compute_loss` -> backward -> clip ->
+AdamW), built by `marlflow.train.build_trainer` from a RunConfig. Each configuration runs in its own subprocess
+under `prlimit --as` (one at a time); the child does one warm-up update (AdamW's moments exist afterwards, as
+in a running job), resets the high-water mark (`echo 5 > /proc/self/clear_refs`) and reports VmHWM minus VmRSS
+before the measured update. glibc is told to mmap every allocation above 64 KiB (MALLOC_MMAP_THRESHOLD_), so
+freed tensors leave RSS and the warm-up's memory is not silently reused. The prediction is
+`marlflow.plan.chunk_activation_bytes` for the same model, calls, width and device (activations + mask + head):
+what a chunk adds on top of the resident model, adapters and optimizer.
+
+Models: toy (built into /tmp by marlflow.toybuild with a short warm start), smol (results/models/smol, `make
+smol-setup`), and random models of Qwen3-0.6B's widths (hidden 1024, intermediate 3072, 16/8 heads, head_dim
+128) with 1-2 layers, the real vocabulary (151,936) and SmolLM2's tokenizer (token ids < 49,152). Threads: 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path(tempfile.gettempdir()) / "marlflow-bench-plan"
+
+
+# ------------------------------------------------------------------------------------------ fit (saved tensors)
+
+
+def saved_bytes(arch, h, i, nh, nkv, hd, layers, r, dtype, seq=64, gqa=False) -> int:
+    """Bytes of distinct non-parameter storages saved for backward by a forward of a random model."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from marlflow.generation import use_gqa_sdpa
+
+    cls = transformers.Qwen3Config if arch == "qwen3" else transformers.LlamaConfig
+    cfg = cls(vocab_size=512, hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=nh,
+              num_key_value_heads=nkv, head_dim=hd, tie_word_embeddings=True, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype)
+    if gqa:
+        use_gqa_sdpa(model)
+    lora = LoraConfig(
+        r=r, lora_alpha=2 * r, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(model, lora)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    ids = torch.randint(0, 512, (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.base_model.model.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return sum(seen.values())
+
+
+FIT_POINTS = [("qwen3", 1024, 3072, 16, 8, 128, 64), ("qwen3", 2048, 6144, 16, 8, 128, 64),
+              ("qwen3", 2560, 9728, 32, 8, 128, 64), ("qwen3", 1024, 3072, 16, 8, 128, 8),
+              ("qwen3", 512, 3072, 16, 8, 128, 64), ("qwen3", 1024, 1024, 16, 8, 128, 64),
+              ("qwen3", 1024, 3072, 8, 8, 128, 64), ("qwen3", 1024, 3072, 16, 4, 128, 64),
+              ("qwen3", 1024, 3072, 16, 8, 64, 64), ("llama", 576, 1536, 9, 3, 64, 8),
+              ("llama", 1152, 1536, 9, 3, 64, 8), ("llama", 576, 3072, 9, 3, 64, 8),
+              ("llama", 576, 1536, 18, 3, 64, 8), ("llama", 576, 1536, 9, 9, 64, 8),
+              ("llama", 576, 1536, 9, 3, 64, 32), ("qwen3", 128, 384, 4, 2, 32, 8)]  # fmt: skip
+TERMS = ["h", "i", "q", "kv", "heads", "kv_heads", "r", "qk_norm", "const"]
+
+
+def fit() -> None:
+    import numpy as np
+    import torch
+
+    from marlflow.plan import ACT_COEF, ModelShape
+
+    torch.set_num_threads(1)
+    for dtype, gqa in (("bfloat16", False), ("float32", True)):
+        xs, ys = [], []
+        for arch, h, i, nh, nkv, hd, r in FIT_POINTS:
+            seq = 64
+            args = (arch, h, i, nh, nkv, hd)
+            dt = getattr(torch, dtype)
+            y = (saved_bytes(*args, 2, r, dt, seq, gqa) - saved_bytes(*args, 1, r, dt, seq, gqa)) / seq
+            qk = arch == "qwen3"
+            xs.append([h, i, nh * hd, nkv * hd, nh, nkv, r, qk * (nh + nkv) * hd, 1])
+            ys.append(y)
+        coef, *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys), rcond=None)
+        pred = np.array(xs, float) @ coef
+        print(f"{dtype} ({'trainer CPU attention' if gqa else 'transformers sdpa'}): "
+              + ", ".join(f"{t} {c:.2f}" for t, c in zip(TERMS, coef))
+              + f"; max |residual| {np.abs(pred - ys).max():.2f} B over {len(ys)} models")  # fmt: skip
+        for (arch, h, i, nh, nkv, hd, r), y in list(zip(FIT_POINTS, ys))[:3]:
+            s = ModelShape(h, 28, i, nh, nkv, hd, 151936, True, arch == "qwen3")
+            print(f"  {h}/{i}/{nh}/{nkv} r={r}: measured {y / 1024:.1f} KiB, ACT_COEF "
+                  f"{s.act_bytes_per_token_layer(dtype, r) / 1024:.1f} KiB")  # fmt: skip
+        print(f"  ACT_COEF[{dtype!r}] = {ACT_COEF[dtype]}")
+
+
+# ------------------------------------------------------------------------------------------ measured peaks
+
+
+def _random_qwen06(layers: int) -> Path:
+    """A random model of Qwen3-0.6B's widths with `layers` layers and the full vocabulary, saved with SmolLM2's
+    tokenizer (ids < 49,152) so the trainer can load it like any local model."""
+    import torch
+    import transformers
+
+    out = WORK / f"qwen06w-{layers}l"
+    if (out / "config.json").is_file():
+        return out
+    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                   num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
+                                   head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    tok = transformers.AutoTokenizer.from_pretrained(ROOT / "results/models/smol")
+    model.config.pad_token_id = tok.pad_token_id
+    model.config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _toy() -> Path:
+    out = WORK / "toy"
+    if not (out / "config.json").is_file():
+        from marlflow.models import build_toy
+
+        build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)
+    return out
+
+
+def model_path(name: str) -> Path:
+    if name == "toy":
+        return _toy()
+    if name == "smol":
+        p = ROOT / "results/models/smol"
+        if not (p / "config.json").is_file():
+            raise SystemExit("results/models/smol is missing: build it with `make smol-setup`")
+        return p
+    if name.startswith("qwen06w-"):
+        return _random_qwen06(int(name.split("-")[1].rstrip("l")))
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def make_cfg(model: str, calls: int, ckpt: bool, lora_r: int, max_chunk_tokens: int = 0):
+    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+
+    fields = {"gradient_checkpointing": "on" if ckpt else "off"}
+    return RunConfig(
+        run_id="voting-sp-toy-math-s0", workflow="voting", sharing="sp", scale="toy", task_axis="math", seed=0,
+        task=TaskSpec(name="toy_math", eval_size=2, train_size=20), model=model, generation_dtype="model",
+        micro_batch_size=calls, max_chunk_tokens=max_chunk_tokens,
+        grpo=GRPOParams(steps=2, problems_per_step=1, group_size=2, learning_rate=1e-4, warmup_steps=0,
+                        lr_scheduler="constant", eval_every=1, lora_r=lora_r, lora_alpha=lora_r,
+                        max_prompt_length=65536, max_completion_length=65536),
+        **fields,
+    )  # fmt: skip
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def child(spec: dict) -> dict:
+    """One configuration: build the trainer, one warm-up update, then the measured update's peak."""
+    import gc
+
+    import torch
+
+    from marlflow.train import build_trainer
+    from marlflow.workflows import Call
+
+    torch.set_num_threads(1)
+    cfg = make_cfg(str(model_path(spec["model"])), spec["calls"], spec["ckpt"], spec["lora_r"])
+    trainer = build_trainer(cfg, WORK / "run")
+    model = trainer.model
+    ckpt_on = bool(getattr(model.base_model.model, "is_gradient_checkpointing", False))
+    vocab = min(trainer.processing_class.vocab_size, 49152) - 10
+    g = torch.Generator().manual_seed(0)
+    calls = []
+    for k in range(spec["calls"]):
+        # Distinct prompts (no shared-prefix path), lengths mixed when the spec says so: the padding mask.
+        p = spec["prompt"] - (k * spec["prompt"] // (2 * spec["calls"]) if spec.get("mixed") else 0)
+        c = Call(f"generator{0}", "generator", [])
+        c.prompt_ids = torch.randint(3, vocab, (p,), generator=g).tolist()
+        c.completion_ids = torch.randint(3, vocab, (spec["completion"],), generator=g).tolist()
+        calls.append(c)
+    adv = torch.linspace(-1, 1, len(calls)) + 0.01
+    trainer.update(calls, adv)  # warm-up: AdamW moments, TRL's lazy state
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    trainer.update(calls, adv)
+    peak = _status("VmHWM")
+    return {"delta_gb": (peak - before) / 1e9, "rss_before_gb": before / 1e9, "hwm_gb": peak / 1e9,
+            "checkpointing_active": ckpt_on}  # fmt: skip
+
+
+def predict(spec: dict) -> float:
+    from marlflow.plan import chunk_activation_bytes, model_shape
+
+    shape = model_shape(str(model_path(spec["model"])))
+    width = spec["prompt"] + spec["completion"]
+    b = chunk_activation_bytes(shape, "float32", spec["lora_r"], spec["calls"], width, spec["ckpt"], "cpu")
+    if not spec.get("mixed") and spec["calls"] > 1:
+        b["mask"] = 0.0  # equal lengths: collate builds no padding, so SDPA gets no mask  # noqa: ERA001
+    return sum(b.values()) / 1e9
+
+
+def measure(spec: dict, cap_gb: float) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    cmd = ["prlimit", f"--as={int(cap_gb * 1e9)}", sys.executable, __file__, "child", json.dumps(spec)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in res.stdout.splitlines() if x.startswith("{")]
+    if res.returncode != 0 or not lines:
+        tail = (res.stderr or "").strip().splitlines()[-1:] or [f"exit code {res.returncode}"]
+        over = "memory" in tail[0].lower() or "alloc" in tail[0].lower() or res.returncode < 0
+        return {"error": f"over the {cap_gb:g} GB cap ({tail[0][:80]})" if over else tail[0][:200]}
+    return json.loads(lines[-1])
+
+
+VALIDATE = [
+    {"name": "toy, 32 calls x 160, no ckpt", "model": "toy", "calls": 32, "prompt": 136, "completion": 24,
+     "ckpt": False, "lora_r": 8, "mixed": True},
+    {"name": "toy, 32 calls x 160, ckpt", "model": "toy", "calls": 32, "prompt": 136, "completion": 24,
+     "ckpt": True, "lora_r": 8, "mixed": True},
+    {"name": "smol, 8 calls x 320, no ckpt", "model": "smol", "calls": 8, "prompt": 272, "completion": 48,
+     "ckpt": False, "lora_r": 8, "mixed": True},
+    {"name": "smol, 1 call x 1024, ckpt", "model": "smol", "calls": 1, "prompt": 768, "completion": 256,
+     "ckpt": True, "lora_r": 64},
+    {"name": "smol, 1 call x 1024, no ckpt", "model": "smol", "calls": 1, "prompt": 768, "completion": 256,
+     "ckpt": False, "lora_r": 64},
+    {"name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, no ckpt", "model": "qwen06w-2l", "calls": 1,
+     "prompt": 768, "completion": 256, "ckpt": False, "lora_r": 64},
+    {"name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, ckpt", "model": "qwen06w-2l", "calls": 1,
+     "prompt": 768, "completion": 256, "ckpt": True, "lora_r": 64},
+    {"name": "Qwen3-0.6B widths 2 layers, 4 calls x 512 mixed, no ckpt", "model": "qwen06w-2l", "calls": 4,
+     "prompt": 384, "completion": 128, "ckpt": False, "lora_r": 64, "mixed": True},
+]  # fmt: skip
+
+
+def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None:
+    print(f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB (prlimit --as); "
+          f"median of {repeats} runs; commit {_commit()}")  # fmt: skip
+    print(
+        "| configuration | measured GB (median; range) | predicted GB | predicted / measured | ckpt active |"
+    )
+    print("|---|---|---|---|---|")
+    for spec in VALIDATE:
+        if only and not any(o in spec["name"] for o in only):
+            continue
+        runs = [measure(spec, cap_gb) for _ in range(repeats)]
+        ok = [r["delta_gb"] for r in runs if "delta_gb" in r]
+        pred = predict(spec)
+        if not ok:
+            print(f"| {spec['name']} | {runs[0]['error']} | {pred:.3f} | - | - |", flush=True)
+            continue
+        med = statistics.median(ok)
+        print(f"| {spec['name']} | {med:.3f} ({min(ok):.3f}-{max(ok):.3f}) | {pred:.3f} | {pred / med:.2f} | "
+              f"{runs[0]['checkpointing_active']} |", flush=True)  # fmt: skip
+
+
+def table(cap_gb: float, budget: int) -> None:
+    """Qwen3-0.6B widths at S = 1k..8k: old defaults (32 calls, no ckpt) vs new (token budget, ckpt)."""
+    from marlflow.algos import token_budget_chunks
+    from marlflow.plan import HUB_SHAPES, chunk_activation_bytes
+
+    print(f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB; commit {_commit()}")
+    print(
+        "| S | setting | calls/chunk | measured GB, 2-layer model (CPU fp32) | predicted GB, same | "
+        "predicted GB, 28 layers CPU fp32 | predicted GB, 28 layers CUDA bf16 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    full = HUB_SHAPES["Qwen/Qwen3-0.6B"]
+    for s in (1024, 2048, 4096, 8192):
+        for label, ckpt, tokens in (
+            ("old: 32 calls, no ckpt", False, 0),
+            (f"new: {budget} tokens, ckpt", True, budget),
+        ):
+            calls = max(len(c) for c in token_budget_chunks([s] * 32, 32, tokens))
+            spec = {"model": "qwen06w-2l", "calls": calls, "prompt": s - s // 4, "completion": s // 4,
+                    "ckpt": ckpt, "lora_r": 64, "mixed": calls > 1}  # fmt: skip
+            pred = predict(spec)
+            big_cpu = sum(chunk_activation_bytes(full, "float32", 64, calls, s, ckpt, "cpu").values()) / 1e9
+            big_gpu = (
+                sum(chunk_activation_bytes(full, "bfloat16", 64, calls, s, ckpt, "cuda", s // 4).values())
+                / 1e9
+            )
+            if pred > cap_gb * 0.8:
+                got = f"over the {cap_gb:g} GB cap (not run)"
+            else:
+                r = measure(spec, cap_gb)
+                got = r.get("error") or f"{r['delta_gb']:.2f}"
+            print(
+                f"| {s:,} | {label} | {calls} | {got} | {pred:.2f} | {big_cpu:.1f} | {big_gpu:.1f} |",
+                flush=True,
+            )
+
+
+def _cpu() -> str:
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _torch() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("fit")
+    v = sub.add_parser("validate")
+    v.add_argument("--repeats", type=int, default=3)
+    v.add_argument("--cap-gb", type=float, default=6.0)
+    v.add_argument("--only", nargs="*", help="substrings of configuration names")
+    t = sub.add_parser("table")
+    t.add_argument("--cap-gb", type=float, default=6.0)
+    t.add_argument("--budget", type=int, default=32768, help="max_chunk_tokens of the new defaults")
+    c = sub.add_parser("child")
+    c.add_argument("spec")
+    args = ap.parse_args(argv)
+    WORK.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "fit":
+        fit()
+    elif args.cmd == "validate":
+        validate(args.repeats, args.cap_gb, args.only)
+    elif args.cmd == "table":
+        table(args.cap_gb, args.budget)
+    else:
+        print(json.dumps(child(json.loads(args.spec))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""marlflow.plan: token counts against real toy runs, chunk packing equal to the trainer's, the memory model
+against saved-tensor counts and the measured figures, the CLI on every preset, and Snakemake's refusal of a run
+predicted not to fit its GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from marlflow import plan
+from marlflow.config import RunConfig
+from marlflow.matrix import run_sheet
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _sheet_cfg(preset: str, run_id: str) -> RunConfig:
+    import json
+
+    sheet = run_sheet(ROOT / "matrix.yaml", preset)
+    return RunConfig.from_dict(json.loads(sheet.loc[run_id, "config"]))
+
+
+def _continue_frac(n_gen: float, episodes: int, rounds: int) -> float:
+    """f with episodes x (1 + f + ... + f^(rounds-1)) = n_gen (bisection): Eval-Opt's observed continuation."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if episodes * sum(mid**k for k in range(rounds)) < n_gen else (lo, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("workflow", ["single", "eval_opt", "voting", "orch_workers"])
+def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
+    """One real training step per workflow (SP): the planner's prompt and completion tokens per role, given the
+    step's logged mean completion lengths (and Eval-Opt's observed continuation, Orch-Workers' observed worker
+    count: how many calls run is the policy's choice), within 10% of the logged."""
+    import marlflow.trainer as trainer_module
+    from marlflow.train import build_trainer
+
+    cfg = make_cfg(workflow=workflow, sharing="sp", steps=1, max_completion_length=16)
+    trainer = build_trainer(cfg, tmp_path / "run")
+    seen = []  # the step's episodes, recorded on their way through the real rollout
+
+    def spy(*args, **kwargs):
+        episodes = real(*args, **kwargs)
+        seen.extend(episodes)
+        return episodes
+
+    real, trainer_module.rollout = trainer_module.rollout, spy
+    try:
+        trainer.train_step(1)
+    finally:
+        trainer_module.rollout = real
+    m = pd.DataFrame(trainer.metric_rows)
+    m = m[(m.split == "train") & (m.role != "all")].pivot_table(
+        index="role", columns="metric", values="value"
+    )
+    episodes = cfg.grpo.problems_per_step * cfg.grpo.group_size
+    completion = {r: m.loc[r, "tokens"] / m.loc[r, "samples"] for r in m.index}
+    frac = 1.0
+    if workflow == "eval_opt":
+        frac = _continue_frac(m.loc["generator", "samples"], episodes, 3)
+    workers = strategy = None
+    if workflow == "orch_workers":  # how many workers and what strategy text the orchestrator's outputs gave
+        workers = m.loc["worker", "samples"] / episodes
+        tok = trainer.processing_class
+        texts = [s for e in seen for s in e.info["strategies"]]
+        strategy = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts) / len(texts)
+    slots = plan.slot_tokens(cfg, completion, continue_frac=frac, workers=workers, strategy=strategy)
+    for role in m.index:
+        mine = [s for s in slots if s.role == role]
+        calls = sum(s.calls for s in mine)
+        assert abs(calls - m.loc[role, "samples"]) <= max(1, 0.1 * m.loc[role, "samples"]), role
+        for planned, logged in ((sum(s.prompt_tokens for s in mine), m.loc[role, "prompt_tokens"]),
+                                (sum(s.completion_tokens for s in mine), m.loc[role, "tokens"])):  # fmt: skip
+            assert abs(planned - logged) <= 0.10 * logged, (role, planned, logged)
+
+
+def test_planner_packs_chunks_as_the_trainer_does():
+    """The planner's largest chunk is the largest of the trainer's own pieces for the same calls."""
+    from marlflow.trainer import _pieces
+    from marlflow.workflows import Call
+
+    cfg = _sheet_cfg("paper", "voting-sp-0.6b-math-s0")
+    shape = plan.model_shape(cfg.model, cfg.scale)
+    for mb, budget in ((32, 0), (32, 32768), (0, 49152), (4, 1_000_000), (1, 0)):
+        c = RunConfig.from_dict({**cfg.to_dict(), "micro_batch_size": mb, "max_chunk_tokens": budget})
+        slots = plan.slot_tokens(c, 1.0)
+        chunk = plan.largest_chunk(c, slots, shape, True)
+        slot = next(s for s in slots if s.slot == chunk.slot)
+        calls = []
+        for _ in range(slot.calls):
+            call = Call(slot.slot, slot.role, [])
+            call.prompt_ids = [1] * chunk.prompt
+            call.completion_ids = [2] * c.grpo.max_completion_length
+            calls.append(call)
+        pieces = _pieces(list(range(len(calls))), calls, c.micro_batch_size, c.max_chunk_tokens)
+        assert max(len(p) for slot_pieces in pieces for p in slot_pieces) == chunk.calls, (mb, budget)
+
+
+def test_activation_fit_reproduces_the_measured_widths():
+    """ACT_COEF gives paper-scale.md's measured 91.9 / 149.4 / 222.3 KiB per token per layer (bf16, r=64)
+    within 0.5%, and the saved-tensor count of a small random Qwen3 and Llama exactly (fp32 and bf16)."""
+    for model, kib in (("Qwen/Qwen3-0.6B", 91.9), ("Qwen/Qwen3-1.7B", 149.4), ("Qwen/Qwen3-4B", 222.3)):
+        got = plan.HUB_SHAPES[model].act_bytes_per_token_layer("bfloat16", 64) / 1024
+        assert abs(got - kib) <= 0.005 * kib, (model, got)
+    spec = importlib.util.spec_from_file_location(
+        "bench_plan_memory", ROOT / "benchmarks/bench_plan_memory.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    import torch
+
+    for arch, dtype, gqa in (("qwen3", torch.float32, True), ("llama", torch.bfloat16, False)):
+        h, i, nh, nkv, hd, r, seq = 96, 200, 6, 2, 16, 4, 32
+        args = (arch, h, i, nh, nkv, hd)
+        per = (
+            bench.saved_bytes(*args, 2, r, dtype, seq, gqa) - bench.saved_bytes(*args, 1, r, dtype, seq, gqa)
+        ) / seq
+        shape = plan.ModelShape(h, 2, i, nh, nkv, hd, 512, True, arch == "qwen3")
+        want = shape.act_bytes_per_token_layer(str(dtype).split(".")[1], r)
+        assert abs(per - want) <= 0.01 * per, (arch, per, want)
+
+
+def test_memory_and_time_move_the_right_way():
+    cfg = _sheet_cfg("paper", "eval_opt-sp-4b-math-s0")
+    base = plan.plan_run(cfg)
+    assert base.fits and base.checkpointing and base.vllm_sleep
+    assert base.activations_alt_gb > 10 * base.activations_gb  # checkpointing saves most of it
+    assert base.memory["vllm_update"] < base.memory["vllm_rollout"]  # asleep during the update
+    d = cfg.to_dict()
+    bigger = plan.plan_run(RunConfig.from_dict({**d, "max_chunk_tokens": 4 * 32768}))
+    assert bigger.activations_gb > base.activations_gb
+    off = plan.plan_run(RunConfig.from_dict({**d, "gradient_checkpointing": "off"}))
+    assert off.peak_gb > base.peak_gb and not off.fits
+    awake = plan.plan_run(RunConfig.from_dict({**d, "vllm_sleep": "off"}))
+    assert awake.memory["vllm_update"] == awake.memory["vllm_rollout"] and awake.peak_gb > base.peak_gb
+    assert base.run_hours[0] < base.run_hours[1] and base.gpu_hours == base.run_hours
+    two = plan.plan_run(cfg, n_gpus=2)
+    assert two.run_hours[1] < base.run_hours[1] < 2.2 * two.run_hours[1]
+    assert two.peak_gb == pytest.approx(base.peak_gb, rel=0.05)
+    slow = plan.plan_run(cfg, "a100-80gb")
+    assert slow.run_hours[1] > base.run_hours[1]
+    # Eval-Opt's history grows: every round's prompt carries the earlier answers and critiques
+    slots = {s.slot: s for s in plan.slot_tokens(cfg, 1.0)}
+    assert (
+        slots["generator0"].prompt_per_call
+        < slots["generator1"].prompt_per_call
+        < slots["generator2"].prompt_per_call
+    )
+    assert slots["evaluator2"].prompt_per_call > 5 * cfg.grpo.max_completion_length
+    # Voting's aggregator carries n_votes answers
+    v = {s.slot: s for s in plan.slot_tokens(_sheet_cfg("paper", "voting-sp-0.6b-math-s0"), 0.5)}
+    assert v["aggregator0"].prompt_per_call > 3 * 0.5 * 5120 > v["generator0"].prompt_per_call
+
+
+def test_every_paper_cell_fits_80gb_and_refusal_names_the_fix():
+    sheet = run_sheet(ROOT / "matrix.yaml", "paper")
+    import json
+
+    cfgs = [RunConfig.from_dict(json.loads(c)) for c in sheet["config"]]
+    assert all(plan.refusal(c, 80) is None for c in cfgs)
+    big = next(c for c in cfgs if c.run_id == "eval_opt-sp-4b-math-s0")
+    msg = plan.refusal(big, 24, where="scale_resources.4b.gpu_mem_gb")
+    assert msg and big.run_id in msg and "24 GB" in msg and "vllm_gpu_memory_utilization" in msg
+    old = RunConfig.from_dict({**big.to_dict(), "max_chunk_tokens": 0, "gradient_checkpointing": "off"})
+    msg = plan.refusal(old, 80)
+    assert "gradient_checkpointing: on" in msg and "max_chunk_tokens" in msg
+
+
+def test_cli_prints_a_table_for_every_preset(capsys):
+    presets = yaml.safe_load((ROOT / "matrix.yaml").read_text())["presets"]
+    for preset in presets:
+        assert plan.main(["--preset", preset]) == 0
+        out = capsys.readouterr().out
+        rows = [line for line in out.splitlines() if line.startswith("| ") and "run_id" not in line]
+        assert len(rows) == len(run_sheet(ROOT / "matrix.yaml", preset)), preset
+        assert "planner prediction" in out
+    assert plan.main(["--preset", "paper", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.count("\n") == 43
+    assert plan.main(["--preset", "paper", "--resources"]) == 0
+    assert set(yaml.safe_load(capsys.readouterr().out)) == {"0.6b", "1.7b", "4b"}
+    assert plan.main(["--preset", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_scale_resources_runtimes_come_from_the_planner(capsys):
+    table = yaml.safe_load((ROOT / "profiles/slurm/scale_resources.yaml").read_text())["scale_resources"]
+    plan.main(["--preset", "paper", "--resources"])
+    predicted = yaml.safe_load(capsys.readouterr().out)
+    for scale, r in predicted.items():
+        assert table[scale]["runtime"] == r["runtime"] and table[scale]["gpu_mem_gb"] == 80, scale
+
+
+def _snakemake(*args):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([str(BIN / "snakemake"), *args], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.mark.skipif(not (BIN / "snakemake").exists(), reason="snakemake is not installed in this environment")
+def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
+    small = tmp_path / "small_gpus.yaml"
+    small.write_text("scale_resources:\n  4b: {gpu_mem_gb: 40}\n")
+    out = _snakemake("-n", "--profile", "profiles/slurm", "--configfile", "profiles/slurm/scale_resources.yaml",
+                     str(small))  # fmt: skip
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    err = out.stderr
+    assert "error: run " in err and "-4b-" in err and "40 GB" in err and "planner prediction" in err
+    assert "scale_resources.4b.gpu_mem_gb" in err and "Traceback" not in err
+    assert any(
+        k in err for k in ("max_chunk_tokens", "vllm_gpu_memory_utilization", "gradient_checkpointing")
+    )
+    ok = _snakemake("-n", "--profile", "profiles/slurm")  # the real profile: every paper cell fits
+    assert ok.returncode == 0 and "Traceback" not in ok.stderr, ok.stderr[-2000:]

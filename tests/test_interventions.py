@@ -205,3 +205,27 @@ def test_guard_state_round_trips_and_its_copy_does_not_alias():
     old = I.State()
     old.load_state_dict({"ema": {}})  # a checkpoint from before cliff_guard
     assert old.best is None and old.evals == [] and old.restores == 0 and old.lr_scale == 1.0
+
+
+def test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient():
+    """What TRL's use_bias_correction_kl (set to True in marlflow.trainer._grpo_args) does to the KL term's
+    gradient, exactly (expectation over every token of a categorical policy, no sampling): k3 times the
+    on-policy importance ratio exp(logp - logp.detach()) differentiates to the reverse KL(pi || ref), the KL
+    that grpo.beta and kl_anchor name; plain k3 differentiates to the forward KL(ref || pi)."""
+    torch.manual_seed(0)
+    theta = torch.randn(11, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(11, dtype=torch.float64).log_softmax(0)
+
+    def expected_grad(corrected: bool) -> torch.Tensor:
+        logp = theta.log_softmax(0)
+        term = I.k3_kl(logp, ref) * (torch.exp(logp - logp.detach()) if corrected else 1.0)
+        (grad,) = torch.autograd.grad((logp.exp().detach() * term).sum(), theta)  # E over y ~ pi
+        return grad
+
+    logp = theta.log_softmax(0)
+    (reverse,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta)
+    logp = theta.log_softmax(0)
+    (forward,) = torch.autograd.grad((ref.exp() * (ref - logp)).sum(), theta)
+    assert torch.allclose(expected_grad(True), reverse, atol=1e-12)
+    assert torch.allclose(expected_grad(False), forward, atol=1e-12)
+    assert not torch.allclose(reverse, forward, atol=1e-3)

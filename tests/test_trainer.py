@@ -428,6 +428,8 @@ def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
     assert (metrics[metrics.metric == "kl"].value > 0).any()
 
 
-def test_gradient_checkpointing_is_off_by_default_on_the_toy_model(make_cfg, tmp_path):
+def test_trl_settings_on_the_toy_model(make_cfg, tmp_path):
+    """Checkpointing is off by default at toy scale; the KL term is TRL's bias-corrected one (_grpo_args)."""
     trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
     assert not trainer.model.is_gradient_checkpointing and not trainer.args.gradient_checkpointing
+    assert trainer.args.use_bias_correction_kl is True

@@ -84,6 +84,15 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
         # adapter named "default" (ours are named after roles), so TRL is built with beta 0 and `update`
         # sets `self.beta` for each role's sub-batch.
         beta=0.0,
+        # Kept at TRL 1.16's default, set here so a TRL upgrade cannot change it silently. With it, TRL multiplies
+        # the k3 KL term by the importance ratio exp(logp - logp_old); on-policy (our case: no old log-probs are
+        # passed, so logp_old = logp.detach()) its value is 1 but its gradient is not, and the KL gradient becomes
+        # E[grad logp * log(pi / ref)], the unbiased gradient of KL(pi || ref), the reverse KL that grpo.beta and
+        # kl_anchor (the paper's I1: beta_role * KL(pi_role || pi_ref)) put on the loss. Without it the k3
+        # gradient is E[grad logp * (1 - ref / pi)], the gradient of the forward KL(ref || pi) (what verl's
+        # low_var_kl loss, the paper's code, differentiates). Every KL run in the README ran with True.
+        # tests/test_interventions.py::test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient checks both.
+        use_bias_correction_kl=True,
         loss_type=g.loss_type,
         epsilon=g.epsilon,
         epsilon_high=g.epsilon_high,

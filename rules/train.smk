@@ -45,6 +45,7 @@ rule train:
     conda:
         "envs/marlflow.yaml"
     # CPU-only defaults; GPUs, memory and time per scale come from a profile's `scale_resources`.
+    # runtime never depends on `attempt`: a resubmitted job (exit 75 after a checkpoint) gets the same limit.
     resources:
         gpu=scale_resource("gpu", 0),
         cpus_per_task=scale_resource(
@@ -54,5 +55,9 @@ rule train:
         runtime=scale_resource("runtime", 120),
     params:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
+    # `exec`: the trainer replaces the rule's bash, so a SIGTERM (scancel, preemption) that SLURM sends to every
+    # process of the job step reaches the trainer without killing a shell in between; the step's Snakemake
+    # waits for it while it checkpoints (exit 75, marlflow.preempt). Without it, bash died of SIGTERM and
+    # Snakemake ended the step with the trainer still saving (docs/environment.md, "Preemption").
     shell:
-        "python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} > {log} 2>&1"
+        "exec python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} > {log} 2>&1"

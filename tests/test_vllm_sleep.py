@@ -27,6 +27,7 @@ pytest.importorskip(
 )
 
 from marlflow.config import ConfigError  # noqa: E402
+from marlflow.generation import Sampling  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
 from marlflow.tasks.toy import ToyMath  # noqa: E402
 from marlflow.train import build_trainer  # noqa: E402
@@ -59,7 +60,12 @@ class FakeEngine:
     report saw after a level-1 wake: the adapters that were loaded when the engine went to sleep no longer
     applied (an adapter first requested after the wake loads afresh and works), or different greedy tokens."""
 
-    def __init__(self, drop_adapter_on_wake: bool = False, change_tokens_on_wake: bool = False):
+    def __init__(
+        self,
+        drop_adapter_on_wake: bool = False,
+        change_tokens_on_wake: bool = False,
+        adapter_effect: bool = True,
+    ):
         self.events: list[tuple] = []
         self.asleep = False
         self.woken = False
@@ -69,6 +75,7 @@ class FakeEngine:
         )  # versions loaded before a sleep, lost at the wake (drop_adapter_on_wake)
         self.drop_adapter_on_wake = drop_adapter_on_wake
         self.change_tokens_on_wake = change_tokens_on_wake
+        self.adapter_effect = adapter_effect  # False: every adapter gives the base model's outputs
 
     def sleep(self, level: int = 1, mode: str = "abort"):
         assert not self.asleep, "sleep() on a sleeping engine"
@@ -91,7 +98,7 @@ class FakeEngine:
         version = _version(lora_request)
         self.events.append(("generate", version, "probe" if probe else "rollout", len(prompts)))
         self.loaded.add(version)
-        effect = 0 if version in self.dropped else max(version - 1, 0)
+        effect = 0 if version in self.dropped or not self.adapter_effect else max(version - 1, 0)
         outs = []
         for prompt, p in zip(prompts, params):
             ids = prompt["prompt_token_ids"]
@@ -225,3 +232,29 @@ def test_sleep_check_stops_a_run_whose_wake_broke_the_adapter(make_cfg, tmp_path
         trainer.train_step(1)
         with pytest.raises(SleepCheckError, match="the adapter is no longer applied.*vllm_sleep: off"):
             trainer.train_step(2)
+
+
+def test_sleep_check_gives_up_with_a_warning_when_the_adapter_never_leaves_the_base(
+    make_cfg, tmp_path, caplog
+):
+    """An adapter whose outputs equal the base model's cannot show a dropped adapter: the check repeats at each
+    sleep up to MAX_SLEEP_CHECKS, then stops probing and says it was inconclusive."""
+    from marlflow.vllm_backend import MAX_SLEEP_CHECKS
+
+    trainer = build_trainer(make_cfg("single", "sp", steps=2), tmp_path)
+    engine = FakeEngine(adapter_effect=False)
+    backend = _attach(trainer, engine)
+    prompt = [trainer.encoder([{"role": "user", "content": "1+1?"}])]
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=8)
+    with caplog.at_level("WARNING", logger="marlflow.vllm"):
+        for _ in range(MAX_SLEEP_CHECKS + 2):
+            backend.before_update()
+            backend.on_update()
+            backend.generate("shared", prompt, sampling, seeds=[0])
+    check = backend.sleep_check
+    assert check.done and not check.conclusive and check.tries == MAX_SLEEP_CHECKS
+    assert len(check.results) == MAX_SLEEP_CHECKS and not any(
+        r["adapter_differs_from_base"] for r in check.results
+    )
+    assert sum(e[0] == "generate" and e[2] == "probe" for e in engine.events) == 3 * MAX_SLEEP_CHECKS
+    assert backend.sleeps == MAX_SLEEP_CHECKS + 2 and "sleep check inconclusive" in caplog.text

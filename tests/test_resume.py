@@ -115,17 +115,43 @@ def test_signal_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, s
     """SIGTERM and SIGUSR1 (SLURM's --signal) between checkpoints (save_every 0: only the last step is saved on
     its own): the run checkpoints its last completed step and exits 75, each rerun resumes, and the end is
     bit-identical to an uninterrupted run, no step repeated or missing."""
-    from marlflow.preempt import EXIT_PREEMPTED
-
     cfg = make_cfg(workflow, sharing, task="parity", steps=4, save_every=0, eval_every=2)
     cfg_path = tmp_path / "config.json"
     cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
-    ref, run = tmp_path / "uninterrupted", tmp_path / "stopped"
+    ref = tmp_path / "uninterrupted"
     p = _train(cfg_path, ref)
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    _stop_resume_compare(cfg_path, tmp_path / "stopped", ref, stops)
+
+
+def test_signal_with_step0_eval_deferred(make_cfg, tmp_path):
+    """Step 0's evaluation is deferred (another run of the cell holds its claim, marlflow.base_eval) and the
+    signal comes at step 1, before any evaluation or checkpoint would fill it in: the stop fills it in first,
+    so the step-1 checkpoint holds step 0's rows, and the resumed run equals an uninterrupted one."""
+    from marlflow.base_eval import SharedBaseEval
+
+    cfg = make_cfg("voting", "sp", task="parity", steps=4, save_every=0, eval_every=2)
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
+    ref = tmp_path / "a" / "uninterrupted"
+    p = _train(cfg_path, ref)
+    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    assert SharedBaseEval(cfg, tmp_path / "b").claim()  # a run that never writes: the stopped run waits on it
+    (err,) = _stop_resume_compare(cfg_path, tmp_path / "b" / "stopped", ref, [("SIGUSR1@update:1", 1)])
+    assert "another run of this cell is computing it" in err and "evaluating the initial adapters here" in err
+
+
+def _stop_resume_compare(cfg_path: Path, run: Path, ref: Path, stops: list[tuple[str, int]]) -> list[str]:
+    """Train `run` once per (signal spec, step it must checkpoint) in `stops`, each stopped by its signal and
+    exiting 75 with that step checkpointed (every step up to it once, none after), then to the end; assert it
+    ends bit-identical to `ref` with every step once. Returns the stopped runs' stderr."""
+    from marlflow.preempt import EXIT_PREEMPTED
+
+    errs = []
     for spec, kept in stops:
         p = _train(cfg_path, run, signal_at=spec)
         err = p.communicate(timeout=300)[1].decode()
+        errs.append(err)
         assert p.returncode == EXIT_PREEMPTED, (spec, err)
         assert f"checkpointed step-{kept}, steps lost: 0" in err, err
         assert not (run / "DONE").exists() and not (run / "metrics.parquet").exists()
@@ -142,6 +168,7 @@ def test_signal_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, s
     _, m = _assert_same_run(ref, run)
     assert sorted(m[m.split == "train"].step.unique()) == [1, 2, 3, 4]
     assert sorted(m[m.split == "eval"].step.unique()) == [0, 2, 4]
+    return errs
 
 
 def test_second_signal_exits_at_once():

@@ -44,7 +44,9 @@ class Preempted(Exception):
 
 
 def install() -> None:
-    """Handle SIGTERM and SIGUSR1 as described in the module docstring. Call from the main thread."""
+    """Handle SIGTERM and SIGUSR1 as described in the module docstring, from no request. Call from the main
+    thread."""
+    reset()
     for s in SIGNALS:
         signal.signal(s, _handler)
 
@@ -72,6 +74,6 @@ def describe() -> str:
 
 
 def reset() -> None:
-    """Forget a request (for in-process tests)."""
+    """Forget a request (`install` does; for in-process tests)."""
     global _requested
     _requested = None

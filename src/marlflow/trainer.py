@@ -868,7 +868,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def fit(self) -> pd.DataFrame:
         """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table. The trackers
-        of cfg.report_to (marlflow.trackers) get each step's new metric rows and are finished on any exit."""
+        of cfg.report_to (marlflow.trackers) get each step's new metric rows and are finished on any exit.
+        Raises preempt.Preempted after a SIGTERM / SIGUSR1, once the last completed step is checkpointed."""
         try:
             with Trackers(self.cfg, self.out_dir) as self.trackers:
                 return self._fit()

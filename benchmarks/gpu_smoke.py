@@ -53,8 +53,8 @@ node with the gpu extra: the colocated engine, with vLLM sleep during the update
 `--gen-tokens N` (fix the decode length), `--problems` / `--group-size` (episodes of the update), `--gpu`
 (the planner's GPU name, default h100-80gb). `--cpu-dry-run` runs the same code path on the CPU at tiny sizes
 (a 2-layer model, short lengths, all three scales' cells): 174-212 s for the three scales on the 2-core
-reference machine, two runs beside other jobs (load 6-7; the tree just before e3ffe96, and 6df77ec); tests/test_gpu.py runs it
-for one scale, so the script is known to work before a GPU is lent.
+reference machine, two runs beside other jobs (load 6-7; the tree just before e3ffe96, and 6df77ec);
+tests/test_gpu.py runs it for one scale, so the script is known to work before a GPU is lent.
 
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 

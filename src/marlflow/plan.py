@@ -437,29 +437,35 @@ def dtype_of(cfg: RunConfig) -> str:
 
 def chunk_activation_bytes(shape: ModelShape, dtype: str, r: int, calls: int, width: int,
                            checkpointing: bool, device: str = "cuda", completion: int | None = None) -> dict:  # fmt: skip
-    """Bytes a forward-backward chunk of `calls` calls padded to `width` tokens holds at its peak.
+    """Bytes a forward-backward chunk of `calls` calls padded to `width` tokens holds at its peak, by part:
 
-    Returns {"layers": decoder-layer activations, "mask": padding-mask copies, "head": output head (kept +
-    working tile)}. Without checkpointing every layer keeps ACT_COEF's bytes per token plus a mask copy per
-    layer when the chunk has more than one call (lengths differ); with it each layer keeps only its input
-    (hidden x dtype bytes per token) and one layer is recomputed at a time (its activations and mask copy)."""
+    layers: what the decoder layers keep for backward. Without checkpointing, ACT_COEF's bytes per token per
+        layer; with it, each layer's input (hidden x 2 bytes in bf16, 4 in fp32).
+    mask: without checkpointing, a float copy of the padding mask per layer when the chunk has more than one
+        call (MASK_BYTES x calls x width^2; a one-call chunk has no mask); with it, none kept.
+    head: what the fused log-prob head keeps (head_keep_bytes_per_h per token).
+    transient: the larger of what exists only for a moment of the backward: the head's working tile with its
+        fp32 gradient of the hidden states, or one layer's activations (recomputed under checkpointing, with
+        two mask copies) while that layer's backward runs. The two never overlap: the head's backward ends
+        before the first layer's starts.
+    Validated against measured CPU peaks (benchmarks/bench_plan_memory.py validate, docs/planner.md)."""
     t = calls * width
     per_layer = shape.act_bytes_per_token_layer(dtype, r)
     mask_layer = MASK_BYTES[dtype] * calls * width * width if calls > 1 else 0
     esize = 2 if dtype == "bfloat16" else 4
     if checkpointing:
-        layers = t * shape.layers * shape.hidden * esize + t * per_layer
-        mask = 2 * mask_layer  # the recomputed layer's copy and the one its backward makes
+        layers, mask = t * shape.layers * shape.hidden * esize, 0
+        layer_backward = t * per_layer + 2 * mask_layer
     else:
-        layers = t * shape.layers * per_layer
-        mask = shape.layers * mask_layer
+        layers, mask = t * shape.layers * per_layer, shape.layers * mask_layer
+        layer_backward = t * per_layer  # the gradients of one layer's activations
+    # CPU: the torch fallback scores every position (prompt too); CUDA's Triton kernel only completion tokens.
     positions = t if device == "cpu" else calls * (completion if completion is not None else width)
     tile = (min(positions, MEMORY["head_tile_positions"]) * min(shape.vocab, MEMORY["head_tile_vocab"])
             * MEMORY["head_tile_bytes"]["cpu" if device == "cpu" else "cuda"])  # fmt: skip
-    head = t * MEMORY["head_keep_bytes_per_h"][dtype] * shape.hidden + tile + positions * shape.hidden * 4
-    # Backward of the outermost layer: its activation gradients (~ one layer's activations) are alive too.
-    layers += t * per_layer * (0 if checkpointing else 1)
-    return {"layers": layers, "mask": mask, "head": head}
+    head_backward = tile + positions * shape.hidden * 4
+    return {"layers": layers, "mask": mask, "head": t * MEMORY["head_keep_bytes_per_h"][dtype] * shape.hidden,
+            "transient": max(head_backward, layer_backward)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -545,7 +551,7 @@ def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpoin
         # plus the trainer's flat fp32 gradients for the metrics (running sum, one per role, one per slot).
         "adapters": 16 * pa * n_pol + 4 * pa * (2 + 2 * slots_per_policy),
         "activations": act["layers"] + act["mask"],
-        "head": act["head"],
+        "head": act["head"] + act["transient"],
         "cuda_context": MEMORY["cuda_context_gb"] * GB if cfg.device == "cuda" else 0.0,
         "vllm_rollout": vllm_share,
         "vllm_update": (min(MEMORY["vllm_sleep_residual_gb"] * GB, vllm_share) if sleeping else vllm_share),
@@ -728,7 +734,7 @@ def _tokens_text(p: RunPlan) -> str:
 
 COLUMNS = ["run_id", "tokens per step by call: calls x (prompt+completion)", "tokens/step (25-100%)",
            "largest chunk (calls x S)", "weights GB", "adapters+AdamW GB", "activations GB", "act. other ckpt GB",
-           "head GB", "vLLM rollout / update GB", "peak GB", "fits (>=10% spare)", "step s", "run h",
+           "head+transient GB", "vLLM rollout / update GB", "peak GB", "fits (>=10% spare)", "step s", "run h",
            "GPU-h"]  # fmt: skip
 
 

@@ -564,8 +564,9 @@ def _peak(m: dict) -> float:
 
 
 def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gpus: int,
-                  checkpointing: bool) -> float:  # fmt: skip
-    """One training step plus its share of evaluations, in seconds, at mean completion `frac` of the cap."""
+                  checkpointing: bool, split: bool = False) -> float | dict:  # fmt: skip
+    """One training step plus its share of evaluations, in seconds, at mean completion `frac` of the cap
+    (split: by part, {generate, train, eval, sleep_wake, allreduce, other})."""
     g = cfg.grpo
     per_rank = math.ceil(g.problems_per_step / n_gpus) * g.group_size
     slots = slot_tokens(cfg, frac, episodes=per_rank)
@@ -610,7 +611,9 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
     allreduce = (
         2 * (n_gpus - 1) / n_gpus * pa * 4 * len(cfg.policies) / (gpu.link_gbs * 1e9) if n_gpus > 1 else 0
     )
-    return t_gen + t_train + t_eval + sleep + allreduce + TIME["step_overhead_s"]
+    parts = {"generate": t_gen, "train": t_train, "eval": t_eval, "sleep_wake": sleep, "allreduce": allreduce,
+             "other": TIME["step_overhead_s"]}  # fmt: skip
+    return parts if split else sum(parts.values())
 
 
 def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> RunPlan:

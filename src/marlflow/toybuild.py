@@ -116,6 +116,27 @@ def toy_model(tok, seed: int):
     return model
 
 
+# CPU features that decide which oneDNN/ATen kernels the build runs (and so its rounding, and its weights).
+_KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
+                 "amx_int8")  # fmt: skip
+
+
+def cpu_info() -> dict:
+    """The building CPU's model name and its kernel-relevant flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    import platform
+
+    name, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    return {"cpu_model": name, "cpu_flags": [f for f in _KERNEL_FLAGS if f in flags]}
+
+
 def weights_sha256(model) -> str:
     """sha256 over every tensor of the state dict (name, dtype, shape, bytes), in name order."""
     h = hashlib.sha256()
@@ -301,13 +322,21 @@ def build_toy(out: str | Path, seed: int = 0, steps: int = STEPS, batch_size: in
         "accuracy": acc,
         "version": toy_version(),
         "torch": torch.__version__,
+        "transformers": _transformers_version(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **cpu_info(),
         "weights_sha256": weights_sha256(model),
     }
     atomic_write_json(out / "warmstart.json", info)
     total_s, warm_s = time.time() - t0, build_s - t_data
     log(f"done in {total_s:.0f}s (warm start {warm_s:.0f}s, measure {info['measure_seconds']}s)")
     return info
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _chatml(messages: list[dict]) -> str:

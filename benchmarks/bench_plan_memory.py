@@ -239,7 +239,7 @@ CACHE = WORK / "measured.jsonl"  # every measurement, appended: `--reuse` re-pre
 
 
 def measure(spec: dict, cap_gb: float, reuse: bool = False) -> dict:
-    key = json.dumps({k: v for k, v in spec.items() if k != "name"}, sort_keys=True)
+    key = json.dumps({"mixed": False, **{k: v for k, v in spec.items() if k != "name"}}, sort_keys=True)
     if reuse and CACHE.is_file():
         for line in CACHE.read_text().splitlines():
             rec = json.loads(line)

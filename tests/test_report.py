@@ -148,8 +148,10 @@ def test_overview_page(tmp_path, runs):
     assert "http" not in page.replace("<!DOCTYPE html>", "")  # self-contained
     for rid in run_ids(runs):
         assert f'href="report/{rid}.html"' in page
-    # seed-paired SP - IP from the statistics step: voting peak 0.45 - 0.60, one seed so no CI
-    assert "<td>voting toy math</td>" in page and "-0.150<br><span class='ci'>n/a</span>" in page
+    # seed-paired SP - IP from the statistics step: voting peak 0.45 - 0.60; one seed, so no CI: the banner
+    # says so once instead of an n/a under every number
+    assert re.search(r"<td>voting toy math</td><td class=\"n\">1</td><td>\+0.000</td><td>-0.150</td>", page)
+    assert "<span class='ci'>n/a</span>" not in page and page.count("One seed per cell") == 1
     # deterministic for the same inputs
     again = build(tmp_path, runs, name="again")
     assert again["report.html"].read_bytes() == written["report.html"].read_bytes()

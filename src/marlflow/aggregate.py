@@ -12,7 +12,8 @@ deterministically (sorted rows, no timestamps):
     claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
 
 OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
-NaN in the csv/parquet and "n/a" in the md files. Definitions: marlflow.analysis.definitions.DEFINITIONS.
+NaN in the csv/parquet; the md files then open with seeds.ONE_SEED_BANNER (how to get CIs) and show the
+single values without CI columns. Definitions: marlflow.analysis.definitions.DEFINITIONS.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from marlflow.analysis import (
     summarize_runs,
 )
 from marlflow.analysis.claims import VERDICT_RULE, claims_table
-from marlflow.analysis.seeds import ci_markdown, contrasts, contrasts_markdown, summary_by_cell
+from marlflow.analysis.seeds import (
+    ONE_SEED_BANNER,
+    ci_markdown,
+    contrasts,
+    contrasts_markdown,
+    one_seed,
+    summary_by_cell,
+)
 from marlflow.analysis.tables import CAPTION
 from marlflow.metrics import atomic_write_parquet, atomic_write_text
 
@@ -90,26 +98,31 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     atomic_write_text(out / "peak_terminal.md", f"{CAPTION}\n\n{markdown_table(pt)}")
     atomic_write_text(out / "peak_terminal.tex", peak_terminal_latex(pt))
     cells = tables["summary_by_cell"]
+    banner = f"{ONE_SEED_BANNER}\n\n" if one_seed(s) else ""
     atomic_write_parquet(cells, out / "summary_by_cell.parquet")
     atomic_write_text(out / "summary_by_cell.csv", csv_text(cells))
     atomic_write_text(
         out / "summary_by_cell.md",
-        "Mean [95% CI] over seeds per cell (n/a: fewer than 2 seeds).\n\n"
+        banner
+        + ("Value per cell (one run each).\n\n" if banner else "Mean [95% CI] over seeds per cell (n/a: fewer "
+           "than 2 seeds).\n\n")
         + markdown_table(ci_markdown(cells), index=False),
-    )
+    )  # fmt: skip
     con = tables["contrasts"]
     atomic_write_text(out / "contrasts.csv", csv_text(con))
     atomic_write_text(
         out / "contrasts.md",
-        "Seed-paired differences, mean [95% CI] over seeds (sp-ip: SP minus IP; ma-sa: workflow minus "
-        "single; itv-none: intervention minus none).\n\n"
+        banner
+        + ("Seed-paired differences of one pair of runs per row" if banner else "Seed-paired differences, mean "
+           "[95% CI] over seeds")
+        + " (sp-ip: SP minus IP; ma-sa: workflow minus single; itv-none: intervention minus none).\n\n"
         + markdown_table(contrasts_markdown(con), index=False),
-    )
+    )  # fmt: skip
     claims = tables["claims"]
     atomic_write_text(out / "claims.csv", csv_text(claims))
     shown = claims.drop(columns=["rule"])
     atomic_write_text(
-        out / "claims.md", f"Verdict rule: {VERDICT_RULE}.\n\n{markdown_table(shown, index=False)}"
+        out / "claims.md", f"{banner}Verdict rule: {VERDICT_RULE}.\n\n{markdown_table(shown, index=False)}"
     )
     return [out / name for name in OUTPUTS]
 

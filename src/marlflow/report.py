@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ import pandas as pd
 
 from marlflow.analysis import DEFINITIONS, load_runs
 from marlflow.analysis.curves import eval_curves, wide
+from marlflow.analysis.definitions import FORMAT_RISE, TOY_BASE_BAND
 from marlflow.analysis.io import read_samples
 from marlflow.analysis.plots import (
     ITV_SMOOTH,
@@ -65,6 +67,7 @@ from marlflow.analysis.plots import (
     step_time_table,
     with_se,
 )
+from marlflow.analysis.seeds import ONE_SEED_BANNER, one_seed
 from marlflow.analysis.tables import (
     CAPTION,
     SCALE_ORDER,
@@ -121,6 +124,9 @@ details{margin:.3em 0}summary{cursor:pointer}
 .kv td:first-child{font-weight:600;background:#f6f6f6;white-space:nowrap}
 .ci{color:#666;font-size:11px;white-space:nowrap}
 .supported{color:#1b7f3b;font-weight:600}.contradicted{color:#b00020;font-weight:600}
+.findings{background:#fff3cd;border:2px solid #d9a520;border-radius:6px;padding:.5em 1.2em .7em;margin:.6em 0 1.2em}
+.findings h2{margin:.2em 0 .3em;border:0}.findings ul{margin:.2em 0;padding-left:1.2em}.findings li{margin:.25em 0}
+.banner{font-weight:600;color:#6b4700;margin:.2em 0 .4em}.warn{color:#b00020;font-weight:600}
 """
 
 
@@ -276,6 +282,11 @@ def _is_num(v: object) -> bool:
     return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
+def code_spans(text: str) -> str:
+    """Escaped text with its `backtick` spans as <code> (the tables' .md banners, shown as HTML)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text))
+
+
 def header(name: str) -> str:
     """An escaped header that may wrap after '_' (long metric names otherwise force wide columns)."""
     return esc(name).replace("_", "_<wbr>")
@@ -389,8 +400,265 @@ def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-def provenance_section(run_info: dict[str, dict], metrics: pd.DataFrame, commit: str) -> list[str]:
+# ---------------------------------------------------------------------------- findings
+
+FINDINGS_BG = (0xFF, 0xF3, 0xCD)  # .findings background (STYLE): tests/test_report.py finds the box by it
+SHOWN = 4  # most runs or cells named per finding; the full lists are in the sections below
+
+
+def _spread(values: pd.Series) -> str:
+    """'0.600' for one seed, else 'mean (min-max)' over the seeds (a range: with 2-3 seeds a t-interval is
+    wider than the accuracy scale; the CIs are in Summary by cell)."""
+    v = values.astype(float).dropna()
+    if v.empty:
+        return "not logged"
+    if len(v) == 1:
+        return f"{v.iloc[0]:.3f}"
+    return f"{v.mean():.3f} ({v.min():.3f}-{v.max():.3f})"
+
+
+def _seeds(n: int) -> str:
+    return "one seed" if n == 1 else f"range over {n} seeds"
+
+
+def _more(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:SHOWN])
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _cell_text(cell: dict, g: pd.DataFrame) -> str:
+    steps = ", ".join(str(int(x)) for x in sorted(g["peak_step"].dropna()))
+    return (
+        f"{cell_label(cell)}: base {_spread(g['base'])}, peak {_spread(g['peak'])} (step {steps or '?'}), "
+        f"terminal {_spread(g['terminal'])} ({_seeds(g['seed'].nunique())})"
+    )
+
+
+def best_worst(summary: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, text): the cell with the largest mean peak - base and the one with the smallest terminal - base
+    (mean over its seeds), each with its base, peak, peak step and terminal (last eval)."""
+    s = summary[summary["n_evals"] > 0]
+    groups = [(dict(zip(CELL_KEYS, k)), g) for k, g in s.groupby(CELL_KEYS, sort=True)]
+    if not groups:
+        return [("Cells", "no run has an eval accuracy")]
+    best = max(groups, key=lambda kg: (kg[1]["gain_peak"].mean(), cell_label(kg[0])))
+    worst = min(groups, key=lambda kg: (kg[1]["gain_terminal"].mean(), cell_label(kg[0])))
+    out = [("Largest gain (peak - base)", _cell_text(*best))]
+    if worst[0] != best[0]:
+        out.append(("Smallest terminal gain (terminal - base)", _cell_text(*worst)))
+    return out
+
+
+def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
+    """Per workflow x scale x task (x intervention) with both SP and IP runs: the seed-paired SP - IP difference
+    of the peak and of terminal_mean3 (contrasts.csv). Over >= 2 seed pairs with its 95% CI and which side
+    it favours; over one pair with the evaluation noise of such a difference, 2 x sqrt(se_SP^2 + se_IP^2)
+    (se: the standard error of one evaluation at the peak, summary.parquet)."""
+    if con is None:
+        return ["contrasts.csv is missing: rerun <code>python -m marlflow.aggregate</code>"]
+    c = con[(con["contrast"] == "sp-ip") & con["stat"].isin(["peak", "terminal_mean3"])]
+    out = []
+    for key, g in _cell_order(c).groupby(CELL_KEYS, sort=False, dropna=False):
+        cell = dict(zip(CELL_KEYS, key))
+        by = {r["stat"]: r for r in g.to_dict("records")}
+        if "peak" not in by or _missing(by["peak"]["mean"]):
+            continue
+        pairs = int(by["peak"]["n_pairs"])
+        parts = []
+        for stat, name in (("peak", "peak"), ("terminal_mean3", "terminal (last 3 evals)")):
+            r = by.get(stat)
+            if r is None or _missing(r["mean"]):
+                continue
+            text = f"{name} {float(r['mean']):+.3f}"
+            if pairs >= 2 and not _missing(r["lo"]):
+                lo, hi = float(r["lo"]), float(r["hi"])
+                side = "SP higher" if lo > 0 else "IP higher" if hi < 0 else "no clear difference"
+                text += f" [{lo:+.3f}, {hi:+.3f}]: {side}"
+            parts.append(text)
+        label = cell_label(cell, sharing=False)
+        if pairs >= 2:
+            out.append(f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs, 95% CI)")
+            continue
+        same = (
+            summary[["workflow", "scale", "task", "intervention"]] == [key[0], key[2], key[3], key[4]]
+        ).all(1)
+        se = summary.loc[same, "se"].astype(float)
+        noise = 2 * math.sqrt(float((se**2).sum())) if len(se) == 2 and se.notna().all() else math.nan
+        side = float(by["peak"]["mean"])
+        if math.isfinite(noise):
+            verdict = (
+                f"within evaluation noise (+-{noise:.3f}, 2 SE)"
+                if abs(side) <= noise
+                else f"{'SP' if side > 0 else 'IP'} higher by more than 2 SE of evaluation noise ({noise:.3f})"
+            )
+        else:
+            verdict = "evaluation noise unknown (no se for exactly one SP and one IP run)"
+        out.append(f"{esc(label)}: {esc('; '.join(parts))}; peak {esc(verdict)}; one seed, so no CI")
+    return out or ["no cell has both an SP and an IP run"]
+
+
+def cliff_lines(summary: pd.DataFrame) -> str:
+    """How many runs end in a terminal cliff, and the largest drops with their peak, step and terminal."""
+    s = summary[summary["n_evals"] > 0]
+    cl = s[s["cliff"].astype(bool)].sort_values(["drop", "run_id"], ascending=[False, True])
+    if cl.empty:
+        return f"no terminal cliff in {len(s)} runs"
+    shown = [
+        f"{r['run_id']} ({float(r['peak']):.3f} at step {int(r['peak_step'])} -> {float(r['terminal_mean3']):.3f}"
+        f" over the last 3 evals, drop {float(r['drop']):.3f})"
+        for r in cl.head(SHOWN).to_dict("records")
+    ]
+    more = f" and {len(cl) - SHOWN} more" if len(cl) > SHOWN else ""
+    return f"{len(cl)} of {len(s)} runs: " + "; ".join(shown) + more
+
+
+def format_rises(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per run x role with eval format_failure_rate: the first and the last logged value and their steps,
+    rows whose rise (last - first) is >= FORMAT_RISE (the capture rule's size), largest rise first."""
+    cols = ["run_id", "role", "first_step", "first", "last_step", "last", "rise"]
+    f = wide(metrics, "eval", None, ["format_failure_rate"])
+    f = f[(f["role"] != "all") & f["format_failure_rate"].notna()].sort_values("step")
+    recs = []
+    for (rid, role), g in f.groupby(["run_id", "role"], sort=True):
+        a, b = g.iloc[0], g.iloc[-1]
+        rise = float(b["format_failure_rate"]) - float(a["format_failure_rate"])
+        recs.append([rid, role, int(a["step"]), float(a["format_failure_rate"]), int(b["step"]),
+                     float(b["format_failure_rate"]), rise])  # fmt: skip
+    out = pd.DataFrame(recs, columns=cols)
+    out = out[out["rise"] >= FORMAT_RISE - 1e-9]
+    return out.sort_values(["rise", "run_id"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
+def failure_lines(failures: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
+    """Counts of collapse / stagnation / capture (failures.csv) with the runs, and the largest rises of a
+    role's format-failure rate (the metrics), with values and steps."""
+    flags = failure_flags(failures)
+    out = []
+    for sig in ("collapse", "stagnation", "capture"):
+        runs = [rid for rid, f in flags.items() if sig in f]
+        if runs:
+            out.append(esc(f"{sig}: {len(runs)} of {len(flags)} runs ({_more(runs)})"))
+    rises = format_rises(metrics)
+    for r in rises.head(SHOWN).to_dict("records"):
+        out.append(esc(f"{r['run_id']}: the {r['role']}'s format-failure rate rises {r['first']:.2f} (step "
+                       f"{r['first_step']}) -> {r['last']:.2f} (step {r['last_step']})"))  # fmt: skip
+    if len(rises) > SHOWN:
+        out.append(
+            esc(f"and {len(rises) - SHOWN} more roles whose format-failure rate rises by >= {FORMAT_RISE}")
+        )
+    return out or [esc(f"no collapse, stagnation, capture or format-failure rise in {len(flags)} runs")]
+
+
+def band_warning(summary: pd.DataFrame) -> str | None:
+    """The toy runs whose base (step-0 accuracy) is outside TOY_BASE_BAND, as a sentence; None if all inside."""
+    lo, hi = TOY_BASE_BAND
+    toy = summary[(summary["scale"] == "toy") & summary["base"].notna()]
+    out = toy[(toy["base"] < lo - 1e-9) | (toy["base"] > hi + 1e-9)].sort_values("run_id")
+    if out.empty:
+        return None
+    runs = [f"{r['run_id']} {float(r['base']):.3f}" for r in out.to_dict("records")]
+    return (
+        f"{len(out)} of {len(toy)} toy bases are outside the designed band [{lo:.2f}, {hi:.2f}] ({_more(runs)}): "
+        "this toy model or machine differs from the one the documented results come from (see the toy model's "
+        "weights hash and CPU under Provenance), so expect other numbers than the README's."
+    )
+
+
+def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[str]:
+    """The box at the top of the overview: seeds banner, best and worst cells, SP vs IP, cliffs, failures."""
+    summary = tables["summary"]
+    s = summary[summary["n_evals"] > 0]
+    per_cell = s.groupby(CELL_KEYS)["seed"].nunique()
+    items = []
+    if len(per_cell) and one_seed(s):
+        head = f"<p class='banner'>{code_spans(ONE_SEED_BANNER)}</p>"
+    elif len(per_cell) and per_cell.min() < 5:
+        head = (f"<p class='banner'>{per_cell.min()}-{per_cell.max()} seeds per cell: read differences as "
+                "indications; intervals over so few seeds are wide.</p>")  # fmt: skip
+    else:
+        head = ""
+    warn = band_warning(summary)
+    if warn:
+        items.append(f"<li class='warn'>{esc(warn)}</li>")
+    items += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in best_worst(summary)]
+    sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
+    items.append(
+        "<li><b>SP - IP</b> (seed-paired):<ul>" + "".join(f"<li>{x}</li>" for x in sp_ip) + "</ul></li>"
+    )
+    items.append(f"<li><b>Terminal cliffs</b>: {esc(cliff_lines(summary))}</li>")
+    fails = failure_lines(tables["failures"], metrics)
+    items.append(
+        "<li><b>Failure signatures</b>:<ul>" + "".join(f"<li>{x}</li>" for x in fails) + "</ul></li>"
+    )
+    return [
+        "<section id='findings' class='findings'><h2>Findings</h2>",
+        head,
+        f"<ul>{''.join(items)}</ul>",
+        "<p class='note'>From summary.parquet, contrasts.csv, failures.csv and the runs' metrics; details in the "
+        "sections below.</p></section>",
+    ]
+
+
+# Instruction sets that decide which CPU kernels torch/oneDNN run, highest first (and so the toy model's
+# rounding: marlflow.toybuild, "Determinism"), as /proc/cpuinfo flag -> name.
+CPU_FEATURES = {"amx_bf16": "AMX", "avx512_bf16": "AVX512-BF16", "avx512f": "AVX512", "avx2": "AVX2"}
+
+
+def cpu_text(model: str, flags: Sequence[str]) -> str:
+    """'Intel(R) Xeon(R) Processor (AMX, AVX512-BF16, AVX512, AVX2)' from a CPU model and its flags."""
+    have = [name for flag, name in CPU_FEATURES.items() if flag in set(flags)]
+    return f"{model or 'unknown CPU'} ({', '.join(have) or 'no AVX2'})"
+
+
+def machine_provenance() -> list[tuple[str, str]]:
+    """The CPU (toybuild.cpu_info: /proc/cpuinfo), torch's kernel capability and torch version of the machine
+    the report is built on (the runs' machine when the matrix ran locally)."""
+    import torch
+
+    from marlflow.toybuild import cpu_info  # imports torch: only when a report is built
+
+    info = cpu_info()
+    return [
+        ("CPU (where the report was built)", cpu_text(info["cpu_model"], info["cpu_flags"])
+         + f"; torch kernels: {torch.backends.cpu.get_cpu_capability()}"),
+        ("torch", torch.__version__),
+    ]  # fmt: skip
+
+
+def toy_model_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
+    """Per toy model the runs used (config.json `model`, a folder with warmstart.json): its weights_sha256,
+    the CPU, torch version and threads it was built with, and whether it is the model marlflow ships."""
+    from marlflow.models import SHIPPED_TOY
+
+    shipped = _read_json(SHIPPED_TOY / "warmstart.json").get("weights_sha256")
+    folders = sorted({str(i["config"]["model"]) for i in run_info.values()
+                      if i["config"].get("scale") == "toy" and i["config"].get("model")})  # fmt: skip
+    out = []
+    for folder in folders:
+        ws = _read_json(Path(folder) / "warmstart.json")
+        h = ws.get("weights_sha256")
+        if not h:
+            out.append(
+                (f"toy model {folder}", "no warmstart.json with weights_sha256 there (moved or deleted)")
+            )
+            continue
+        same = (
+            "the model marlflow ships" if h == shipped
+            else f"not the shipped model ({str(shipped)[:16]}...): rebuilt, so its numbers can differ"
+        )  # fmt: skip
+        out.append((
+            f"toy model {folder}",
+            f"weights_sha256 {h}, {same}; built on {cpu_text(ws.get('cpu_model', ''), ws.get('cpu_flags', []))}"
+            f" with torch {ws.get('torch', '?')}, {ws.get('threads', '?')} threads",
+        ))  # fmt: skip
+    return out
+
+
+def provenance_section(
+    run_info: dict[str, dict], metrics: pd.DataFrame, commit: str, summary: pd.DataFrame
+) -> list[str]:
     cfgs = [i["config"] for i in run_info.values() if i["config"]]
+    threads = sorted({str(c["threads"]) for c in cfgs if c.get("threads") is not None}, key=int)
     presets = sorted({str(c.get("preset")) for c in cfgs if c.get("preset")})
     models = sorted({f"{c.get('scale')}: {c.get('model')}" for c in cfgs if c.get("model")})
     secs = train_seconds(metrics)
@@ -409,7 +677,16 @@ def provenance_section(run_info: dict[str, dict], metrics: pd.DataFrame, commit:
             else "not logged",
         ),
         ("evaluation wall time (sum of time_eval over runs)", eval_time_text(metrics, float(secs.sum()))),
+        *machine_provenance(),
+        ("torch threads per run (config.json)", ", ".join(threads) or "unknown"),
+        *toy_model_provenance(run_info),
     ]
+    if (summary["scale"] == "toy").any():
+        lo, hi = TOY_BASE_BAND
+        n = int(summary["base"][summary["scale"] == "toy"].notna().sum())
+        pairs.append(
+            (f"toy bases in the designed band [{lo:.2f}, {hi:.2f}]", band_warning(summary) or f"all {n}")
+        )
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     return ["<h2 id='provenance'>Provenance</h2>", kv_table([*pairs, ("package versions", versions)])]
 
@@ -469,11 +746,14 @@ def peak_terminal_html(summary: pd.DataFrame) -> str:
     )
 
 
-def ci_html(m: object, lo: object, hi: object, signed: bool = False) -> str:
-    """'mean' over '[lo, hi]' (escaped, two lines so wide CI tables fit); 'n/a' for a CI that needs 2 seeds."""
+def ci_html(m: object, lo: object, hi: object, signed: bool = False, na: bool = True) -> str:
+    """'mean' over '[lo, hi]' (escaped, two lines so wide CI tables fit); 'n/a' for a CI that needs 2 seeds,
+    or the mean alone when `na` is False (a one-seed matrix: the Findings banner says why once)."""
     if _missing(m):
         return ""
     text = f"{float(m):+.3f}" if signed else f"{float(m):.3f}"
+    if not na and (_missing(lo) or _missing(hi)):
+        return esc(text)
     ci = "n/a" if _missing(lo) or _missing(hi) else f"[{float(lo):.3f}, {float(hi):.3f}]"
     return f"{esc(text)}<br><span class='ci'>{esc(ci)}</span>"
 
@@ -509,7 +789,10 @@ def contrasts_html(con: pd.DataFrame, kind: str) -> str:
     c = con[con["contrast"] == kind]
     if c.empty:
         return f"<p class='note'>No {esc(kind)} pairs among these runs.</p>"
-    stats = list(dict.fromkeys(c["stat"]))
+    single = one_seed(con)
+    stats = [
+        st for st in dict.fromkeys(c["stat"]) if not single or c.loc[c["stat"] == st, "mean"].notna().any()
+    ]
     recs = []
     for key, g in _cell_order(c).groupby(CELL_KEYS, sort=False, dropna=False):
         rec = dict(zip(CELL_KEYS, key))
@@ -517,7 +800,7 @@ def contrasts_html(con: pd.DataFrame, kind: str) -> str:
         row = {"cell": cell_label(rec, sharing=kind != "sp-ip"), "seed pairs": int(g["n_pairs"].max())}
         for st in stats:
             r = by.get(st)
-            row[st] = "" if r is None else ci_html(r["mean"], r["lo"], r["hi"], signed=True)
+            row[st] = "" if r is None else ci_html(r["mean"], r["lo"], r["hi"], signed=True, na=not single)
         recs.append(row)
     return table(pd.DataFrame(recs), raw_columns=stats)
 
@@ -526,10 +809,14 @@ def contrasts_section(con: pd.DataFrame | None) -> list[str]:
     out = ["<h2 id='paired'>Paired SP - IP</h2>"]
     if con is None:
         return [*out, f"<p class='note'>{MISSING_TABLE.format(name='contrasts.csv')}</p>"]
+    seeds = (
+        "one seed: the difference of one pair of runs, no CI (see Findings)"
+        if one_seed(con)
+        else "mean over seeds with its 95% CI below it (n/a: fewer than 2 seeds)"
+    )
     out += [
-        "<p class='note'>SP minus IP for runs of the same cell and seed (same problems at every step), mean over "
-        "seeds with its 95% CI below it (n/a: fewer than 2 seeds). Positive: SP higher; for cliff, SP more "
-        "often. From contrasts.csv.</p>",
+        "<p class='note'>SP minus IP for runs of the same cell and seed (same problems at every step), "
+        f"{seeds}. Positive: SP higher; for cliff, SP more often. From contrasts.csv.</p>",
         contrasts_html(con, "sp-ip"),
         "<h3>Multi-agent - single-agent (MA - SA)</h3>",
         "<p class='note'>Each workflow minus the single-agent baseline of the same scale, task and seed.</p>",
@@ -551,17 +838,23 @@ def cells_section(cells: pd.DataFrame | None) -> list[str]:
     if cells is None:
         return [*out, f"<p class='note'>{MISSING_TABLE.format(name='summary_by_cell.csv')}</p>"]
     _need(cells, "summary_by_cell.csv", [*CELL_KEYS, "n_seeds"])
+    single = one_seed(cells)
     stats = [c.removesuffix("_mean") for c in cells.columns if c.endswith("_mean")]
+    stats = [st for st in stats if not single or cells[f"{st}_mean"].notna().any()]
     recs = []
     for rec in _cell_order(cells).to_dict("records"):
         row = {"cell": cell_label(rec), "seeds": rec["n_seeds"]}
         for st in stats:
-            row[st] = ci_html(rec[f"{st}_mean"], rec.get(f"{st}_lo"), rec.get(f"{st}_hi"))
+            row[st] = ci_html(rec[f"{st}_mean"], rec.get(f"{st}_lo"), rec.get(f"{st}_hi"), na=not single)
         recs.append(row)
+    note = (
+        "One seed: each value is one run, no CI (see Findings)."
+        if single
+        else "Mean over seeds with its 95% CI below it (n/a: fewer than 2 seeds)."
+    )
     return [
         *out,
-        "<p class='note'>Mean over seeds with its 95% CI below it (n/a: fewer than 2 seeds). From "
-        "summary_by_cell.csv.</p>",
+        f"<p class='note'>{note} From summary_by_cell.csv.</p>",
         table(pd.DataFrame(recs), raw_columns=stats),
     ]
 
@@ -630,7 +923,7 @@ def render_overview(
     order = run_order(summary)
     failures = by_run_order(tables["failures"], order)
     careless_logged = not careless_series(metrics).empty
-    sections = [("provenance", "Provenance"), ("runs", "Runs"), ("curves", "Curves"),
+    sections = [("findings", "Findings"), ("provenance", "Provenance"), ("runs", "Runs"), ("curves", "Curves"),
                 ("peak_terminal", "Peak / terminal"), ("paired", "Paired SP - IP")]  # fmt: skip
     if careless_logged:
         sections.append(("careless", "careless_share"))
@@ -639,7 +932,8 @@ def render_overview(
     body = [
         "<h1>marlflow report</h1>",
         "<nav>" + "".join(f"<a href='#{a}'>{esc(t)}</a>" for a, t in sections) + "</nav>",
-        *provenance_section(run_info, metrics, commit),
+        *findings_section(tables, metrics),
+        *provenance_section(run_info, metrics, commit, summary),
         *runs_section(summary, metrics, failures, links),
         "<h2 id='curves'>Eval accuracy vs step</h2>",
         "<p class='note'>Panels of one task share their y axis. Shaded: +- 1 standard error of the evaluation; "

@@ -28,6 +28,10 @@ Z = NormalDist().inv_cdf(1 - ALPHA)  # 1.751: one-sided critical value where not
 SE_MULT = 2.0  # legacy rule max(0.05, 2 se) of one evaluation; kept only for `threshold` (tables caption)
 TERMINAL_WINDOW = 3  # terminal estimate = mean of the last 3 evals
 TOL = 1e-9  # float tolerance for ">=" comparisons against a threshold
+# The band a toy run's base (step-0) accuracy is designed to fall in: low enough that RL has room to gain,
+# high enough that a group of G=8 samples has correct answers to learn from. A rebuilt toy model (another CPU,
+# torch version or thread count: marlflow.toybuild, "Determinism") can land outside it; the report says so.
+TOY_BASE_BAND = (0.15, 0.70)
 CI_LEVEL = 0.95  # confidence level of every CI across seeds
 
 LENGTH_GROWTH = 2.0  # capture: supervisory role's eval completion_length grows to >= 2x its first value ...

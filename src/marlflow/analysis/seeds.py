@@ -4,6 +4,7 @@
     con = contrasts(summary)           # long: contrast (sp-ip | ma-sa | itv-none), cell keys, stat, n_pairs,
                                        # mean, lo, hi
     md = ci_markdown(cells)            # the same as text, "mean [lo, hi]", "n/a" where a CI needs 2 seeds
+    one_seed(cells)                    # no cell has 2 seeds: the .md files and the report say ONE_SEED_BANNER
 
 A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
 see the same problems at every step (the step's problems are a function of seed and step), so SP - IP,
@@ -129,6 +130,24 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# Said once (tables' .md files and report.html) where no cell has two seeds, instead of a column of "n/a".
+ONE_SEED_BANNER = (
+    "One seed per cell: no confidence interval or verdict can be computed (both need >= 2 seeds per cell), "
+    "so the numbers below are single runs. For CIs rerun with more seeds: "
+    "`snakemake --profile profiles/local --config seeds=[0,1,2]` (add `preset=NAME` for another preset; "
+    "`preset=toy_seeds` is the toy matrix x 3 seeds)."
+)
+
+
+def one_seed(table: pd.DataFrame) -> bool:
+    """True when no cell of `table` (summary: runs; summary_by_cell: n_seeds; contrasts: n_pairs) has 2 seeds."""
+    if "n_seeds" in table.columns:
+        return not (table["n_seeds"] >= 2).any()
+    if "n_pairs" in table.columns:
+        return not (table["n_pairs"] >= 2).any()
+    return not (table.groupby(CELL)["seed"].nunique() >= 2).any()
+
+
 def fmt_ci(m: float, lo: float, hi: float, digits: int = 3) -> str:
     """'0.612 [0.580, 0.644]'; 'n/a' for a missing CI; '' for a missing mean."""
     if m is None or not math.isfinite(m):
@@ -138,15 +157,34 @@ def fmt_ci(m: float, lo: float, hi: float, digits: int = 3) -> str:
 
 
 def ci_markdown(cells: pd.DataFrame) -> pd.DataFrame:
-    """summary_by_cell as text columns '<mean> [<lo>, <hi>]' (for the .md file)."""
+    """summary_by_cell as text columns '<mean> [<lo>, <hi>]' (for the .md file); with one seed everywhere
+    (`one_seed`) the mean alone, and columns missing in every row left out."""
     out = cells[[*CELL, "n_seeds"]].copy()
+    single = one_seed(cells)  # no CI anywhere: the mean alone, and no column that is empty in every row
     for name in CELL_STATS.values():
-        out[name] = [fmt_ci(*r) for r in cells[[f"{name}_mean", f"{name}_lo", f"{name}_hi"]].to_numpy()]
+        vals = cells[[f"{name}_mean", f"{name}_lo", f"{name}_hi"]].to_numpy(float)
+        if single and not pd.notna(vals[:, 0]).any():
+            continue
+        out[name] = [(f"{r[0]:.3f}" if math.isfinite(r[0]) else "") if single else fmt_ci(*r) for r in vals]
     return out
 
 
 def contrasts_markdown(con: pd.DataFrame) -> pd.DataFrame:
-    """contrasts with mean and CI as one text column."""
+    """contrasts with mean and CI as one text column, a row per (contrast, cell, stat).
+
+    With one seed everywhere (`one_seed`: no CI exists) a row per (contrast, cell) instead, a column per stat
+    holding the single difference, and stats that are missing in every row (e.g. peak_confirmed, which
+    needs the cross-fitted halves) left out: 18 rows for the toy matrix instead of 144 ending in "n/a".
+    """
+    if one_seed(con) and len(con):
+        stats = [st for st in dict.fromkeys(con["stat"]) if con.loc[con["stat"] == st, "mean"].notna().any()]
+        keys, recs = ["contrast", *CELL], []
+        for key, g in con.groupby(keys, sort=False, dropna=False):
+            by = dict(zip(g["stat"], g["mean"].astype(float)))
+            recs.append(
+                [*key, *(f"{by[st]:+.3f}" if math.isfinite(by.get(st, math.nan)) else "" for st in stats)]
+            )
+        return pd.DataFrame(recs, columns=[*keys, *stats])
     out = con[["contrast", *CELL, "stat", "n_pairs"]].copy()
     out["difference"] = [fmt_ci(*r) for r in con[["mean", "lo", "hi"]].to_numpy()]
     return out

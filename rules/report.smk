@@ -6,7 +6,14 @@ REPORT_FIGURES = "results/figures"
 REPORT_HTML = "results/report.html"
 REPORT_PAGES = "results/report"
 REPORT_OUTPUTS = [
-    str(p) for p in report_outputs(REPORT_FIGURES, REPORT_HTML, REPORT_PAGES, RUN_IDS)
+    str(p)
+    for p in report_outputs(
+        REPORT_FIGURES,
+        REPORT_HTML,
+        REPORT_PAGES,
+        RUN_IDS,
+        interventions=bool((SHEET["intervention"] != "none").any()),
+    )
 ]
 
 

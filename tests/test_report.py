@@ -28,8 +28,20 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>alert('x')</script> & </pre></details>"
 
 
-def make_run(root: Path, run_id: str, acc: list[float], shares: dict[str, float], careless=None) -> str:
-    """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path."""
+def make_run(
+    root: Path,
+    run_id: str,
+    acc: list[float],
+    shares: dict[str, float],
+    careless=None,
+    format_failure: dict[str, list[float]] | None = None,
+    zero_steps: tuple[int, ...] = (),
+    share_gaps: tuple[int, ...] = (),
+) -> str:
+    """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path.
+
+    format_failure: role -> its eval format_failure_rate per eval (default 0.1 throughout); zero_steps: train
+    steps where every role's grad_norm is 0; share_gaps: train steps where the first role logs no grad_share."""
     workflow, sharing, scale, task, seed = run_id.split("-")
     fac = dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
                intervention="none")  # fmt: skip
@@ -42,7 +54,8 @@ def make_run(root: Path, run_id: str, acc: list[float], shares: dict[str, float]
             vals["careless_share"] = careless[k]
         recs += rows(fac, step, "eval", "all", vals)
         for role in shares:
-            recs += rows(fac, step, "eval", role, {"format_failure_rate": 0.1, "completion_length": 20.0 + k})
+            ff = (format_failure or {}).get(role, [0.1] * len(acc))[k]
+            recs += rows(fac, step, "eval", role, {"format_failure_rate": ff, "completion_length": 20.0 + k})
         for ep in range(2):
             reward = float(ep == 0)
             for slot, role in enumerate(shares):
@@ -51,9 +64,12 @@ def make_run(root: Path, run_id: str, acc: list[float], shares: dict[str, float]
                                 "output": f"\\boxed{{10}} {HOSTILE}", "reward": reward,
                                 "format_failure": slot == 1})  # fmt: skip
     for step in range(1, 10 * (len(acc) - 1) + 1):
-        for role, share in shares.items():
-            recs += rows(fac, step, "train", role, {"grad_norm": 1.0 + step * share, "grad_share": share,
-                                                    "reward_mean": 0.3 + 0.01 * step, "completion_length": 30.0})  # fmt: skip
+        for i, (role, share) in enumerate(shares.items()):
+            vals = {"grad_norm": 0.0 if step in zero_steps else 1.0 + step * share, "grad_share": share,
+                    "reward_mean": 0.3 + 0.01 * step, "completion_length": 30.0}  # fmt: skip
+            if i == 0 and step in share_gaps:
+                del vals["grad_share"]
+            recs += rows(fac, step, "train", role, vals)
         recs += rows(fac, step, "train", "all", {"reward_mean": 0.3 + 0.01 * step, "step_time": 2.0,
                      "time_generate": 1.2, "time_score": 0.1, "time_backward": 0.5, "time_other": 0.2})  # fmt: skip
     folder = root / "runs" / run_id
@@ -118,8 +134,9 @@ def test_outputs_contract_and_cli(tmp_path, runs, capsys):
     written = sorted(p for p in (tmp_path / "r").rglob("*") if p.is_file())
     assert written == sorted(expected)  # every file written is in the contract, and every one is written
     assert report.default_pages_dir(html_path) == tmp_path / "r" / "report"
-    for name in report.FIGURES:
-        assert (figs / name).read_bytes().startswith(PNG_MAGIC), name
+    assert not (figs / "interventions.png").exists()  # no intervention: no placeholder figure
+    for path in expected[: len(report.FIGURES) - 1]:
+        assert path.read_bytes().startswith(PNG_MAGIC), path
 
 
 def test_overview_page(tmp_path, runs):
@@ -232,6 +249,7 @@ def test_intervention_traces_and_contrast_section(runs, tmp_path):
     ]
     page = (build(tmp_path, runs)["report.html"]).read_text()
     assert "Interventions - none" not in page and "intervention_traces" not in page
+    assert "No interventions in this matrix" in page
     cg = pd.read_parquet(runs[0])  # voting-ip-toy-math-s0, now also run with cliff_guard
     cg["run_id"], cg["intervention"] = "voting-ip-toy-math-s0-cg", "cg"
     cg.loc[cg["metric"] == "grad_norm", "value"] *= 0.5
@@ -248,8 +266,14 @@ def test_intervention_traces_and_contrast_section(runs, tmp_path):
     assert len(norm.lines) == 2
     assert norm.lines[1].get_ydata()[5] == pytest.approx(0.5 * norm.lines[0].get_ydata()[5])
     assert [t.get_text() for t in fig.axes[4].texts] == ["not logged"]  # proj_share was not logged here
-    page = (build(tmp_path / "with_cg", both)["report.html"]).read_text()
+    written = build(tmp_path / "with_cg", both)
+    page = written["report.html"].read_text()
     assert "Interventions - none" in page and "id='intervention_traces'" in page
+    assert "No interventions in this matrix" not in page
+    out = tmp_path / "with_cg" / "out"
+    assert sorted(written.values()) == sorted(
+        report.outputs(out / "figures", out / "report.html", None, run_ids(both), interventions=True)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,13 @@ Output contract (rules/report.smk declares exactly these, generated from the nam
 this module cannot drift; every file is written atomically, and the text is deterministic: no timestamps):
 
     <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png, careless_share.png,
-                                              interventions.png
+                                              and interventions.png only when a run has an intervention
+                                              (ITV_FIGURE; otherwise the page says there are none)
     <html>                                    the overview page (results/report.html)
     <pages>/RUN_PAGE for each run             one page per run, RUN_PAGE = "{run_id}.html"; <pages> defaults
                                               to the html path without its suffix (results/report/)
 
-`outputs(figures, html, pages, run_ids)` returns that list of paths. Every page is self-contained: figures
+`outputs(figures, html, pages, run_ids, interventions)` returns that list of paths. Every page is self-contained: figures
 are embedded as base64 PNG, styles are inline, nothing is fetched from the network; pages link to each
 other by relative paths.
 
@@ -86,6 +87,7 @@ FIGURES = {
     "careless_share.png": (plot_careless_share, "Careless-style share of solver outputs"),
     "interventions.png": (plot_interventions, "Per-role gradient traces with and without each intervention"),
 }
+ITV_FIGURE = "interventions.png"  # drawn only when a run has an intervention
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
 # Tables of the statistics step (marlflow.analysis.seeds / claims), shown when the aggregate step wrote them
@@ -135,11 +137,13 @@ def outputs(
     html_path: str | os.PathLike,
     pages_dir: str | os.PathLike | None,
     run_ids: Sequence[str],
+    interventions: bool = False,
 ) -> list[Path]:
-    """Every file make_report writes for these runs (the output contract in the module docstring)."""
+    """Every file make_report writes for these runs (the output contract in the module docstring);
+    `interventions`: whether any run has an intervention (then ITV_FIGURE is drawn)."""
     pages = default_pages_dir(html_path) if pages_dir is None else Path(pages_dir)
     return [
-        *(Path(figures_dir) / name for name in FIGURES),
+        *(Path(figures_dir) / name for name in FIGURES if interventions or name != ITV_FIGURE),
         Path(html_path),
         *(pages / RUN_PAGE.format(run_id=r) for r in run_ids),
     ]
@@ -963,7 +967,10 @@ def render_overview(
         "<h3>Gradient dynamics (run x role)</h3>",
         table(grads[[c for c in GRAD_SHOWN if c in grads.columns]], links),
     ]
-    if (summary["intervention"] != "none").any():
+    if not (metrics["intervention"] != "none").any():
+        body.append("<p class='note'>No interventions in this matrix (every run has intervention none), so "
+                    "there is no with/without comparison.</p>")  # fmt: skip
+    else:
         body += [
             "<h3 id='intervention_traces'>With and without each intervention</h3>",
             f"<p class='note'>Per role, the mean over seeds at each step (smoothed over {ITV_SMOOTH} steps) of "
@@ -1169,7 +1176,10 @@ def make_report(
     pages = default_pages_dir(html_path) if pages_dir is None else Path(pages_dir)
     commit = git_commit() if commit is None else commit
     written, pngs = {}, {}
+    interventions = bool((metrics["intervention"] != "none").any())
     for name, (plot, _) in FIGURES.items():
+        if name == ITV_FIGURE and not interventions:
+            continue  # a placeholder would be an empty figure; the page says there are no interventions
         pngs[name] = save_png(plot(metrics), figures_dir / name)
         written[name] = figures_dir / name
     order = run_order(tables["summary"])

@@ -3,9 +3,11 @@
 Overview figures (all runs):
 
     fig = plot_curves(metrics)          # eval accuracy +- 1 SE vs step; panel per workflow x task, y shared per task
-    fig = plot_grad_norm(metrics)       # per-role grad_norm vs step, SP panel next to its IP panel (log scale)
-    fig = plot_role_share(metrics)      # per-role grad_share vs step, stacked, SP next to IP
-    fig = plot_careless_share(metrics)  # eval careless_share vs step (toy tasks log it); placeholder if absent
+    fig = plot_grad_norm(metrics)       # per-role grad_norm vs step, SP panel next to its IP panel; one log y
+                                        # axis for all panels, zero-gradient steps left out (not drawn at ~0)
+    fig = plot_role_share(metrics)      # per-role grad_share vs step, stacked to 1, missing share grey "no data"
+    fig = plot_careless_share(metrics)  # eval careless_share vs step, panel per workflow x task, <= 4 lines;
+                                        # placeholder if absent
     fig = plot_interventions(metrics)   # per-role grad_norm / proj_share / slot_amplification, a line per
                                         # intervention (none included); placeholder without interventions
 
@@ -212,36 +214,66 @@ def _role_series(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def plot_grad_norm(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
-    """Per-role gradient norm (train split) vs step, log scale; each SP panel next to its IP partner."""
+    """Per-role gradient norm (train split) vs step; each SP panel next to its IP partner.
+
+    One log y axis for every panel (so panels compare by eye), spanning the positive norms of all runs. A
+    step with norm 0 (no gradient: every group's rewards equal) cannot be drawn on a log axis; it is left out,
+    breaking the line, and each panel says how many such steps it had."""
     series = _role_series(metrics, "grad_norm")
     if series.empty:
         return _placeholder("no per-role grad_norm logged")
-    fig, panels = _pair_panels(series, "grad_norm", pairs_per_row)
+    fig, panels = _pair_panels(series, "grad_norm (log)", pairs_per_row)
+    positive = series.loc[series["grad_norm"] > 0, "grad_norm"].astype(float)
     roles = set()
     for ax, _, s in panels:
+        zero = 0
         for role, r in s.groupby("role", sort=True):
             roles.add(role)
-            ax.plot(r["step"], r["grad_norm"], color=role_colour(role), lw=1.0)
-        if (s["grad_norm"] > 0).all():
-            ax.set_yscale("log")
+            y = r["grad_norm"].astype(float).where(r["grad_norm"] > 0)  # NaN breaks the line at masked steps
+            zero += int((r["grad_norm"] <= 0).sum())
+            ax.plot(r["step"], y, color=role_colour(role), lw=1.0)
+        ax.set_yscale("log")
+        if zero:
+            ax.text(0.99, 0.02, f"{zero} zero-gradient role-steps not drawn", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=6, color="#555")  # fmt: skip
+        ax.grid(alpha=0.3, lw=0.5)
+    if len(positive):
+        lo, hi = float(positive.min()), float(positive.max())
+        for ax, _, _ in panels:
+            ax.set_ylim(lo / 1.5, hi * 1.5)
     _role_legend(fig, roles)
     return fig
 
 
+NO_DATA = "#d9d9d9"  # role_share: the part of a step with no logged share (grey, hatched)
+
+
 def plot_role_share(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
-    """Per-role share of the step's gradient mass vs step, stacked areas; each SP panel next to its IP one."""
+    """Per-role share of the step's gradient mass vs step, stacked areas on a 0..1 axis; each SP panel next to
+    its IP one. Where the logged shares of a step sum to less than 1 (a role not logged at that step, or a
+    step with no gradient at all), the rest is drawn as a grey hatched "no data" band, not left white."""
     series = _role_series(metrics, "grad_share")
     if series.empty:
         return _placeholder("no per-role grad_share logged")
     fig, panels = _pair_panels(series, "grad_share", pairs_per_row)
-    roles = set()
+    roles, gaps = set(), False
     for ax, _, s in panels:
         table = s.pivot(index="step", columns="role", values="grad_share").fillna(0.0).sort_index()
         table = table[sorted(table.columns)]
         roles.update(table.columns)
-        ax.stackplot(table.index, *(table[c] for c in table.columns), colors=[role_colour(c) for c in table])
+        rest = (1.0 - table.sum(axis=1)).clip(lower=0.0)
+        rest = rest.where(rest > 1e-6, 0.0)
+        gaps |= bool((rest > 0).any())
+        polys = ax.stackplot(table.index, *(table[c] for c in table.columns), rest,
+                             colors=[*(role_colour(c) for c in table), NO_DATA])  # fmt: skip
+        polys[-1].set_hatch("///")
+        polys[-1].set_edgecolor("#9a9a9a")
         ax.set_ylim(0, max(1.0, float(table.sum(axis=1).max())))
-    _role_legend(fig, roles)
+        ax.set_xlim(float(table.index.min()), float(table.index.max()))
+    handles = [Line2D([], [], color=role_colour(r), label=r, lw=3) for r in sorted(roles)]
+    if gaps:
+        handles.append(Patch(facecolor=NO_DATA, edgecolor="#9a9a9a", hatch="///", label="no data"))
+    _legend(fig, handles)
     return fig
 
 
@@ -292,31 +324,51 @@ def plot_interventions(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
+MAX_LINES = 4  # most lines in one careless_share panel
+
+
 def plot_careless_share(metrics: pd.DataFrame) -> Figure:
-    """Share of generator/worker eval outputs in the careless style vs step; one panel per task, lines per run
-    (colour by sharing, line style by workflow). A placeholder figure when no run logs careless_share."""
+    """Share of generator/worker eval outputs in the careless style vs step: a panel per task x workflow (rows
+    task), a line per sharing x scale x intervention (colour by sharing, marker by scale), the mean over seeds.
+    A panel with more than MAX_LINES such lines draws the MAX_LINES with the most runs and says how many it
+    left out. A placeholder figure when no run logs careless_share."""
     s = careless_series(metrics)
     if s.empty:
         return _placeholder("careless_share is not logged by these runs (only toy tasks log it)")
     tasks = sorted(s["task"].unique(), key=order_key(TASK_ORDER))
     workflows = sorted(s["workflow"].unique(), key=order_key(WORKFLOW_ORDER))
-    styles = dict(zip(workflows, ["-", "--", ":", "-."] * 3))
-    fig = Figure(figsize=(4.5 * len(tasks), 3.2), layout="constrained")
-    axes = fig.subplots(1, len(tasks), sharey=True, squeeze=False)[0]
-    for ax, t in zip(axes, tasks):
-        ax.set_title(f"careless_share / {t}", fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3, lw=0.5)
-        for _, c in s[s["task"] == t].groupby("run_id", sort=True):
-            c = c.sort_values("step")
-            w = c["workflow"].iloc[0]
-            ax.plot(
-                c["step"], c["careless_share"], color=colour(w, c["sharing"].iloc[0]), ls=styles[w], lw=1.2
-            )
-    axes[0].set_ylabel("share of solver outputs")
-    handles = [Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items()]
-    handles += [Line2D([], [], color="k", ls=styles[w], label=w) for w in workflows]
+    scales = sorted(s["scale"].unique(), key=order_key(SCALE_ORDER))
+    marker = {sc: MARKERS[i % len(MARKERS)] for i, sc in enumerate(scales)}
+    fig = Figure(figsize=(3.4 * len(workflows), 2.6 * len(tasks) + 0.6), layout="constrained")
+    axes = fig.subplots(len(tasks), len(workflows), sharey=True, squeeze=False)
+    line_key = ["sharing", "scale", "intervention"]
+    for i, t in enumerate(tasks):
+        for j, w in enumerate(workflows):
+            ax = axes[i][j]
+            ax.set_title(f"{w} / {t}", fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3, lw=0.5)
+            panel = s[(s["task"] == t) & (s["workflow"] == w)]
+            groups = sorted(panel.groupby(line_key, sort=True), key=lambda kg: -kg[1]["run_id"].nunique())
+            for (sharing, scale, itv), g in groups[:MAX_LINES]:
+                mean = g.groupby("step")["careless_share"].mean()
+                ax.plot(mean.index, mean.values, color=colour(w, sharing), marker=marker[scale], ms=3,
+                        ls="-" if itv == "none" else "--", lw=1.2)  # fmt: skip
+            if len(groups) > MAX_LINES:
+                ax.text(0.99, 0.98, f"{len(groups) - MAX_LINES} more lines not drawn", transform=ax.transAxes,
+                        ha="right", va="top", fontsize=6, color="#555")  # fmt: skip
+            if panel.empty:
+                ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="#777")
+        axes[i][0].set_ylabel("careless share", fontsize=8)
+    present = {("single" if w == "single" else sh) for w, sh in zip(s["workflow"], s["sharing"])}
+    handles = [
+        Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items() if k in present
+    ]
+    handles += [Line2D([], [], color="k", marker=marker[sc], ls="", label=sc) for sc in scales]
+    if (s["intervention"] != "none").any():
+        handles.append(Line2D([], [], color="k", ls="--", label="with an intervention"))
     _legend(fig, handles)
     return fig
 
@@ -353,9 +405,11 @@ def plot_run(metrics: pd.DataFrame) -> Figure:
     for ax, name in ((a_norm, "grad_norm"), (a_share, "grad_share")):
         s = _role_series(metrics, name)
         ax.set_title(f"per-role {name}", fontsize=10)
+        log = name == "grad_norm" and bool((s[name] > 0).any())  # as in plot_grad_norm: zero steps left out
         for role, r in s.groupby("role", sort=True):
-            ax.plot(r["step"], r[name], color=role_colour(role), lw=1.0, label=role)
-        if name == "grad_norm" and len(s) and (s[name] > 0).all():
+            y = r[name].astype(float).where(r[name] > 0) if log else r[name]
+            ax.plot(r["step"], y, color=role_colour(role), lw=1.0, label=role)
+        if log:
             ax.set_yscale("log")
         _finish(ax, name)
     return fig

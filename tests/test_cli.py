@@ -121,10 +121,13 @@ def test_final_folder_loads_with_peft_and_has_a_filled_card(trained_run, toy_mod
     run_dir, cfg = trained_run
     final = run_dir / "final"
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    # the base relative to the root that holds results*/runs/<id> (issue 28: not this clone's absolute folder)
+    root = run_dir.resolve().parents[2]
+    rel = Path(toy_model_dir).resolve().relative_to(root).as_posix()
     for policy in cfg.policies:
         conf = json.loads((final / policy / "adapter_config.json").read_text())
-        assert conf["base_model_name_or_path"] == str(Path(toy_model_dir).resolve())
-        base = AutoModelForCausalLM.from_pretrained(conf["base_model_name_or_path"])
+        assert conf["base_model_name_or_path"] == rel
+        base = AutoModelForCausalLM.from_pretrained(root / conf["base_model_name_or_path"])
         model = PeftModel.from_pretrained(base, final / policy)
         saved = load_file(
             run_dir / "checkpoints" / "step-2" / "adapters" / policy / "adapter_model.safetensors"
@@ -135,7 +138,7 @@ def test_final_folder_loads_with_peft_and_has_a_filled_card(trained_run, toy_mod
             assert torch.equal(loaded[key], tensor), key
         assert any(v.abs().sum() > 0 for k, v in saved.items() if "lora_B" in k)  # trained, not the init
     card = (final / "README.md").read_text()
-    assert str(Path(toy_model_dir).resolve()) in card
+    assert f"base_model: {json.dumps(rel)}" in card.split("---")[1] and str(root) not in card
     assert "| `generator/` | generator |" in card and "| `aggregator/` | aggregator |" in card
     assert "Pick the solution most likely correct" in card and "Solve the problem." in card  # role prompts
     assert "IP" in card and "voting" in card
@@ -172,14 +175,50 @@ def test_eval_on_the_other_task_writes_its_table_and_leaves_training_outputs_alo
     assert tree_digest(run_dir) == before  # nothing outside evals/ was written, no trl/ folder either
 
 
+def test_eval_on_another_task_uses_that_tasks_completion_budget(trained_run):
+    """The run trained toy_math-style with 12 tokens; toy_code needs the 40 that matrix.yaml gives it (issue 28:
+    eval kept the source run's budget, cut every code answer off and printed accuracy 0.000)."""
+    run_dir, cfg = trained_run
+    assert cfg.grpo.max_completion_length == 12
+    marlflow("eval", "--run", str(run_dir), "--task", "toy_code", "--n", "4", "--step", "0")
+    summary = json.loads((run_dir / "evals" / "toy_code-step0.json").read_text())
+    assert summary["max_new_tokens"] == 40 and "presets.toy" in summary["max_new_tokens_from"], summary
+    df = pd.read_parquet(run_dir / "evals" / "toy_code-step0.parquet")
+    assert df[(df.role == "all") & (df.metric == "max_new_tokens")].value.tolist() == [40.0]
+    # the run's own task keeps the run's own budget (toy_math_parity is registered in this process only)
+    from marlflow.evaluate import task_budget
+
+    assert task_budget(cfg, cfg.task.name, run_dir)[0] == 12
+
+
+def test_eval_warns_when_answers_hit_the_budget(trained_run):
+    run_dir, _ = trained_run
+    out = marlflow("eval", "--run", str(run_dir), "--task", "toy_code", "--n", "4", "--step", "0",
+                   "--max-new-tokens", "3")  # fmt: skip
+    summary = json.loads((run_dir / "evals" / "toy_code-step0.json").read_text())
+    assert summary["max_new_tokens"] == 3 and summary["max_new_tokens_from"] == "--max-new-tokens"
+    assert (
+        summary["truncated_share"] > 0.05
+        and "hit the completion budget of 3 tokens" in summary["warnings"][0]
+    )
+    assert "warning:" in out.stderr and "--max-new-tokens" in out.stderr, out.stderr
+    assert "WARNING" in out.stdout
+    df = pd.read_parquet(run_dir / "evals" / "toy_code-step0.parquet")
+    assert (
+        df[(df.role == "all") & (df.metric == "truncated_share")].value.iloc[0] == summary["truncated_share"]
+    )
+    bad = marlflow("eval", "--run", str(run_dir), "--max-new-tokens", "0", check=False)
+    assert bad.returncode == 2 and "--max-new-tokens must be >= 1" in bad.stderr
+
+
 def test_eval_of_the_runs_own_task_reproduces_the_training_evaluation(trained_run):
     """Same adapters, same seeded sampling stream, same code path: the step-2 numbers come back exactly
     (all but the wall-clock timings)."""
-    from marlflow.evaluate import evaluate_run
+    from marlflow.evaluate import EVAL_ONLY_METRICS, evaluate_run
 
     run_dir, _ = trained_run
     path, df = evaluate_run(run_dir, step=2)
-    df = df[~df.metric.isin(VOLATILE_METRICS)]
+    df = df[~df.metric.isin(VOLATILE_METRICS) & ~((df.role == "all") & df.metric.isin(EVAL_ONLY_METRICS))]
     train = pd.read_parquet(run_dir / "metrics.parquet")
     train = train[(train.split == "eval") & (train.step == 2) & ~train.metric.isin(VOLATILE_METRICS)]
     assert "time_eval" in set(pd.read_parquet(run_dir / "metrics.parquet").metric)

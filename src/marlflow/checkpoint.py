@@ -42,6 +42,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from marlflow.config import config_differences, config_fingerprint, training_identity
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
+from marlflow.runs import adapter_dir, base_model_id, set_base_model
 
 log = logging.getLogger("marlflow.checkpoint")
 
@@ -109,6 +110,11 @@ def _write(trainer, tmp: Path) -> None:
     policies = list(trainer.cfg.policies)
     tmp.mkdir(parents=True)
     trainer.model.save_pretrained(tmp / "adapters", selected_adapters=policies)
+    # The base by hub id or by its folder relative to the repository root, not the absolute folder of this
+    # clone: a copy of results/ elsewhere must load its own base (marlflow.runs.base_model_id).
+    base = base_model_id(trainer.cfg, trainer.out_dir)
+    for p in policies:
+        set_base_model(adapter_dir(tmp / "adapters", p), base)
     torch.save(
         {
             "step": trainer.step,

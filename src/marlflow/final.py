@@ -6,10 +6,13 @@ of the newest complete checkpoint (the last step) into
     RUN/final/<policy>/adapter_config.json, adapter_model.safetensors, README.md   (SP: shared; IP: one per role type)
     RUN/final/README.md                                                             the model card
 
-with `base_model_name_or_path` set to an absolute folder or a hub id, so that from anywhere
+with `base_model_name_or_path` (and the cards' `base_model:` front matter) set to a hub id or the base
+model's folder relative to the repository root (results/models/toy; `marlflow.runs.base_model_id`), never
+the absolute folder of the clone that trained it, so that from the root of any clone or copy
 
-    from peft import PeftModel
+    from peft import AutoPeftModelForCausalLM, PeftModel
     model = PeftModel.from_pretrained(base_model, "results/runs/<run_id>/final/<policy>")
+    model = AutoPeftModelForCausalLM.from_pretrained("results/runs/<run_id>/final/<policy>")
 
 works. The card names the base model, the roles, which adapter each uses and its prompt, the workflow,
 the sharing, the main GRPO settings and the eval curve's numbers. The folder is built under a temp name
@@ -26,7 +29,7 @@ import pandas as pd
 
 from marlflow.config import RunConfig
 from marlflow.metrics import atomic_write_text
-from marlflow.runs import adapter_dir, base_model_id, find_checkpoint
+from marlflow.runs import adapter_dir, base_model_id, find_checkpoint, set_base_model
 from marlflow.workflows import prompts
 
 WORKFLOW_TEXT = {
@@ -84,10 +87,9 @@ def model_card(
 ) -> str:
     """The README.md of final/ (policy None) or of one adapter folder in it."""
     g = cfg.grpo
-    hub = not Path(base).is_absolute()
-    front = ["---", "library_name: peft", "pipeline_tag: text-generation", f"base_model: {base}" if hub else None,
+    # base_model: a hub id, or a folder relative to the repository root (marlflow.runs.base_model_id)
+    lines = ["---", f"base_model: {json.dumps(base)}", "library_name: peft", "pipeline_tag: text-generation",
              "tags:", "- marlflow", "- grpo", "- lora", "- multi-agent", f"- {cfg.workflow}", "---", ""]  # fmt: skip
-    lines = [x for x in front if x is not None]
     title = f"marlflow run `{cfg.run_id}`" + (f", adapter `{policy}`" if policy else "")
     roles_of = {p: [r for r in cfg.role_types if cfg.policy_of(r) == p] for p in cfg.policies}
     lines += [
@@ -172,9 +174,8 @@ def write_final(run_dir: str | Path, cfg: RunConfig, metrics: pd.DataFrame | Non
             src, dst = adapter_dir(ckpt, policy), tmp / policy
             dst.mkdir(parents=True)
             shutil.copy2(src / "adapter_model.safetensors", dst / "adapter_model.safetensors")
-            conf = json.loads((src / "adapter_config.json").read_text())
-            conf["base_model_name_or_path"] = base
-            atomic_write_text(dst / "adapter_config.json", json.dumps(conf, indent=2, sort_keys=True) + "\n")
+            shutil.copy2(src / "adapter_config.json", dst / "adapter_config.json")
+            set_base_model(dst, base)
             atomic_write_text(dst / "README.md", model_card(cfg, base, step, metrics, policy))
         atomic_write_text(tmp / "README.md", model_card(cfg, base, step, metrics))
         old = run_dir / ".final.old"

@@ -92,24 +92,51 @@ def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:
     model = Path(cfg.model).expanduser()
     if model.is_absolute() or model.exists():
         return str(model)
-    root = Path(run_dir).resolve().parents[2] if len(Path(run_dir).resolve().parents) > 2 else None
+    root = run_root(run_dir)
     if root is not None and (root / model).exists():
         return str(root / model)
     if _HUB_ID.match(cfg.model) and not cfg.model.startswith("."):
         return cfg.model
+    where = [str(Path.cwd())] + ([str(root)] if root is not None and root != Path.cwd().resolve() else [])
     raise RunError(
-        f"the run's base model {cfg.model!r} was not found (relative to {Path.cwd()} or to {root}); run from "
+        f"the run's base model {cfg.model!r} was not found (relative to {' or to '.join(where)}); run from "
         "the repository root, or rebuild it with snakemake (the `models` rule)"
     )
 
 
+def run_root(run_dir: str | Path) -> Path | None:
+    """The repository root that holds ROOT/results/runs/<run_id>, or None for a shallower folder."""
+    parents = Path(run_dir).resolve().parents
+    return parents[2] if len(parents) > 2 else None
+
+
 def base_model_id(cfg: RunConfig, run_dir: str | Path) -> str:
-    """What `base_model_name_or_path` should say: an absolute folder, or a hub id (also behind a pointer
-    folder, whose READY names the hub id)."""
+    """What an adapter's `base_model_name_or_path` and a model card's `base_model:` say: a hub id (also behind
+    a pointer folder, whose READY names the hub id), else the base model's folder relative to the repository
+    root that holds the run (results/models/toy), so that another clone, or a copy of results/ elsewhere,
+    loads its own base with `AutoPeftModelForCausalLM.from_pretrained` run from its root, never the folder of
+    the clone that trained it. A base outside that root stays absolute."""
     from marlflow.models import _resolve
 
     name, hub = _resolve(resolve_model(cfg, run_dir))
-    return name if hub else str(Path(name).resolve())
+    if hub:
+        return name
+    folder, root = Path(name).resolve(), run_root(run_dir)
+    if root is not None and folder.is_relative_to(root):
+        return folder.relative_to(root).as_posix()
+    return str(folder)
+
+
+def set_base_model(adapter_folder: Path, base: str) -> None:
+    """Rewrite a saved PEFT adapter's `base_model_name_or_path` to `base` (atomically)."""
+    import json
+
+    from marlflow.metrics import atomic_write_text
+
+    path = adapter_folder / "adapter_config.json"
+    conf = json.loads(path.read_text())
+    conf["base_model_name_or_path"] = base
+    atomic_write_text(path, json.dumps(conf, indent=2, sort_keys=True) + "\n")
 
 
 def load_policy_model(cfg: RunConfig, run_dir: str | Path, ckpt: Path | None, device: str | None = None):

@@ -709,6 +709,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "completion_length": sum(lengths) / len(cs),
                 # sample sd over calls: the capture length test's standard error (analysis.failures)
                 "completion_length_sd": float(np.std(lengths, ddof=1)) if len(cs) > 1 else 0.0,
+                # calls cut off at the completion budget: `marlflow eval` warns above 5% (an answer cut off
+                # is scored wrong, so a budget too small for the task reads as "no transfer")
+                "truncated_share": sum(n >= cfg.grpo.max_completion_length for n in lengths) / len(cs),
                 "calls": len(cs),
             }
             if role == supervisor:  # capture evidence over every eval call, not the logged sample episodes

@@ -34,7 +34,7 @@ def test_statuses():
         "timeout",
         "memory",
         "failed",
-        "crashed",
+        "error",  # tests that do not compile: the job cannot be judged
     ]
     assert [r.passed for r in rs] == [True] + [False] * 6
     assert "AssertionError" in rs[1].detail
@@ -330,7 +330,11 @@ def test_assert_conversion_shapes():
     assert [x[0] for x in c["calls"]] == ["f", "g", "h", "k"]
     assert [ch["kind"] for ch in c["checks"]] == ["cmp", "falsy", "absdiff", "cmp"]
     he = "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert True\n\ncheck(total)\n"
-    assert convert(he, "total")["calls"] == [("total", [[1, 2]], {"t": "dict", "v": []})]
+    assert convert(he, "total")["calls"] == [("total", [[1, 2]], {"t": "dict", "v": []}, [])]
+    # wrappers travel with the call (the candidate applies them); the check keeps only the comparison
+    c = convert("assert sorted(f(3), reverse=True) == [3, 2]\n")
+    assert c["calls"][0][3] == [["sorted", [], {"t": "dict", "v": [["reverse", True]]}]]
+    assert "wrappers" not in c["checks"][0]
     assert convert("def check(candidate):\n    assert candidate(1) == helper(1)\ncheck(f)\n", "f") is None
     assert convert("for i in range(3):\n    assert f(i) == i\n") is None  # -> the judge process
     assert convert("x = [1]\nfor i in x:\n    pass\nassert f(1) == 1\n") is None

@@ -26,10 +26,9 @@ import math
 import operator
 import warnings
 
-from marlflow.sandbox._result import to_wire
+from marlflow.sandbox._result import WRAPPER_NAMES, module_names, to_wire
 
-WRAPPERS = {f.__name__: f for f in (set, frozenset, sorted, tuple, list, len, abs, round, float, int, str, bool,
-                                     sum, min, max, dict)}  # fmt: skip
+WRAPPERS = {name: getattr(builtins, name) for name in WRAPPER_NAMES}  # for constants; calls: in the candidate
 CONST_FUNCS = dict(WRAPPERS, range=range, pow=pow, complex=complex, bytes=bytes, chr=chr, ord=ord,
                    reversed=lambda x: list(reversed(x)), any=any, all=all)  # fmt: skip
 MATH = {"pi": math.pi, "e": math.e, "inf": math.inf, "tau": math.tau, "sqrt": math.sqrt, "floor": math.floor,
@@ -131,13 +130,15 @@ def _no():
 
 
 class _Ctx:
-    def __init__(self, env, modules, refs, rename, only, defined=frozenset()):
+    def __init__(self, env, modules, refs, rename, only, defined=frozenset(), tests_own=frozenset()):
         self.env, self.modules, self.refs, self.rename, self.only = env, modules, refs, rename, only
-        self.defined = defined
+        self.defined, self.tests_own = defined, tests_own
 
     def is_candidate(self, name: str) -> bool:
         if name in self.rename:
             return True
+        if name in self.tests_own:
+            return False  # a name the tests define (a helper, a constant) is never the program's
         if self.only is not None:
             return name in self.only
         return (
@@ -185,9 +186,8 @@ class _Ctx:
                 return call, wrappers[::-1]
             if name in WRAPPERS and name not in self.env and node.args:
                 # Wrappers run here with the real builtin, even if the program defines one of that name...
-                inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined).chain(
-                    node.args[0]
-                )
+                inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined,
+                             self.tests_own).chain(node.args[0])  # fmt: skip
                 if inner is not None:
                     try:
                         extra = [const(a, self.env, self.modules) for a in node.args[1:]]
@@ -199,7 +199,7 @@ class _Ctx:
                     except NotConvertible:
                         return None
                     return inner[0], inner[1] + [[name, extra, kw]] + wrappers[::-1]
-            if name in self.defined and self.only is None:
+            if name in self.defined and self.only is None and name not in self.tests_own:
                 # ...but a call of the program's own `sum(10, 15)` is a call of the program.
                 try:
                     call = (name, [self.arg(a) for a in node.args],
@@ -350,7 +350,7 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
                     target = s.value.args[0].id
                     inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target},
-                                 None if only is None else only | {target}, ctx.defined)  # fmt: skip
+                                 None if only is None else only | {target}, ctx.defined, ctx.tests_own)  # fmt: skip
                     run(f.body, inner)
                     continue
             if isinstance(s, ast.Assert):
@@ -361,14 +361,18 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
                 if check is None:
                     continue
                 if call is not None:
+                    # Wrappers go with the call: the candidate applies them to its real return value.
+                    wrappers = [[n, to_wire(list(x)), to_wire(kw)] for n, x, kw in check.pop("wrappers")]
                     check["call"] = len(calls)
-                    calls.append(call)
+                    calls.append((*call, wrappers))
                 checks.append(check)
                 continue
             raise NotConvertible(type(s).__name__)
 
+    # Every name bound in the tests' module scope (helpers, constants, the check function, setup names).
+    tests_own = frozenset(module_names(tree)[1])
     try:
-        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"]))
+        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own))
     except (NotConvertible, RecursionError, TypeError, ValueError):
         return None
     if checks_defs and not calls and not checks:

@@ -8,12 +8,17 @@ out is plain builtin data whose `==` the candidate did not write.
 
 from __future__ import annotations
 
+import ast
 import collections
 import json
 import math
+import reprlib
+import signal
 from dataclasses import asdict, dataclass
 
-STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "syntax_error", "output_limit")
+# `error`: the job could not be judged (tests that do not compile or nest too deeply, an answer over the
+# caller's decoding budget, a failure of the caller's own code); the detail says why. Never `passed`.
+STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "syntax_error", "output_limit", "error")
 STDIO_MARKER = "# marlflow: stdio"
 CALLS_MARKER = "# marlflow: calls"
 SANDBOX_UID = 65534  # "nobody"; used only when the supervisor runs as root
@@ -27,6 +32,11 @@ TMP_PREFIX = "marlflow-sbx-"
 WORKDIR_MB = 64  # size of the per-program tmpfs working directory
 MAX_DEPTH = 100  # nesting depth of an encoded value
 MAX_ITEMS = 1_000_000  # items drawn from a returned iterator
+# Caller-side decoding budget for one encoded answer (RESULT_LIMIT bytes at most): containers allowed
+# (a JSON `[` or `{`, counted before anything is built, bounds memory to tens of MB) and distinct keys of
+# one dict/set that may share a hash (same-hash keys make each insertion probe all the others: quadratic).
+MAX_CONTAINERS = 200_000
+MAX_SAME_HASH = 64
 
 
 @dataclass(frozen=True)
@@ -57,21 +67,86 @@ def outputs_match(got: str, expected: str) -> bool:
 
 
 def check_limits(timeout, memory_mb) -> tuple[float, int]:
-    """Validated (timeout seconds, memory MiB); ValueError naming the bad value and what is allowed."""
+    """Validated (timeout seconds, memory MiB); ValueError naming the bad value and what is allowed (also
+    for values no float can hold, such as 10**400, which are compared as ints and never converted)."""
+    bad_t = f"timeout must be finite, > 0 and <= {MAX_TIMEOUT:g} seconds, got {_short(timeout)}"
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
-    t = float(timeout)
-    if not math.isfinite(t) or t <= 0 or t > MAX_TIMEOUT:
-        raise ValueError(f"timeout must be finite, > 0 and <= {MAX_TIMEOUT:g} seconds, got {timeout!r}")
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int | float) or memory_mb != memory_mb:
-        raise ValueError(
-            f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}"
-        )
-    if int(memory_mb) != memory_mb or not 1 <= memory_mb <= MAX_MEMORY_MB:
-        raise ValueError(
-            f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {memory_mb!r}"
-        )
-    return t, int(memory_mb)
+        raise ValueError(bad_t)
+    if not (isinstance(timeout, int) or math.isfinite(timeout)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(bad_t)
+    bad_m = f"memory_mb must be an integer number of MiB in [1, {MAX_MEMORY_MB}], got {_short(memory_mb)}"
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int | float):
+        raise ValueError(bad_m)
+    if not (isinstance(memory_mb, int) or (math.isfinite(memory_mb) and memory_mb.is_integer())):
+        raise ValueError(bad_m)
+    if not 1 <= memory_mb <= MAX_MEMORY_MB:
+        raise ValueError(bad_m)
+    return float(timeout), int(memory_mb)
+
+
+def _short(v) -> str:
+    return show(v, 60)
+
+
+def show(v, limit: int = 200) -> str:
+    """repr(v) cut to `limit` characters, for any value: never raises (ints past the str-conversion limit,
+    deep nesting, a failing __repr__ give a placeholder) and never builds more than ~limit characters."""
+    r = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+    r.maxlevel, r.maxstring, r.maxlong, r.maxother = 6, limit, limit, limit
+    try:
+        if type(v) is int and v.bit_length() > 4 * limit:
+            return f"<int of {v.bit_length()} bits>"
+        text = r.repr(v)
+    except Exception:  # noqa: BLE001 - e.g. a huge int nested in a list: show its type only
+        text = f"<{type(v).__name__}>"
+    return text[:limit]
+
+
+def signal_name(n) -> str:
+    """SIGKILL for 9; `signal 34` for a number the signal module has no name for (real-time signals)."""
+    try:
+        return signal.Signals(n).name
+    except (ValueError, TypeError):
+        return f"signal {show(n, 20)}"
+
+
+# Builtins a converted assert may wrap around a call (`assert sorted(f(x)) == [...]`). They are applied in
+# the candidate's process, under its limits, never by the caller (`sum(range(10**18))` is the program's
+# time, not the trainer's).
+WRAPPER_NAMES = ("set", "frozenset", "sorted", "tuple", "list", "len", "abs", "round", "float", "int", "str",
+                 "bool", "sum", "min", "max", "dict")  # fmt: skip
+
+
+def module_names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names loaded anywhere, names bound in the module's own scope) of parsed test code. A name bound
+    only inside a function (an argument, a local) is not a module name; `global x` in a function binds x."""
+    loaded, bound = set(), set()
+    todo = [(tree, True)]
+    while todo:
+        node, top = todo.pop()
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                loaded.add(node.id)
+            elif top:
+                bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            if top and not isinstance(node, ast.Lambda):
+                bound.add(node.name)
+            for child in ast.iter_child_nodes(node):
+                todo.append((child, False))
+            continue
+        elif isinstance(node, ast.alias) and top:
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name and top:
+            bound.add(node.name)
+        elif isinstance(node, ast.Global):
+            bound.update(node.names)
+        elif isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            for child in ast.iter_child_nodes(node):
+                todo.append((child, False))  # comprehension variables are its own
+            continue
+        todo.extend((child, top) for child in ast.iter_child_nodes(node))
+    return loaded, bound
 
 
 # ------------------------------------------------------------------------------------- strict encoding
@@ -85,21 +160,49 @@ _ITERS = tuple(
 )  # fmt: skip
 
 
-def to_wire(v, depth: int = 0):
-    """JSON-able form of `v`; TypeError for anything but exact builtin values."""
+_SHARED = (list, tuple, set, frozenset, dict, bytearray, *_DICTS)  # containers whose identity can be kept
+_PENDING = object()  # a tuple/frozenset being decoded: referring to it from inside is malformed
+
+
+class Shared:
+    """Identity across one exchange: every container `to_wire` meets gets the next number (in pre-order);
+    a container met again is sent as {"t": "same", "v": number}, so aliasing, cycles and `is` survive.
+    `from_wire(..., nodes=...)` numbers containers in the same order. `ids` maps id() to the number and
+    `objs` keeps those objects alive (so no id is reused while the numbers are in use)."""
+
+    def __init__(self, objs=()):
+        self.objs: list = []
+        self.ids: dict[int, int] = {}
+        for o in objs:
+            self.add(o)
+
+    def add(self, o) -> int:
+        self.ids[id(o)] = len(self.objs)
+        self.objs.append(o)
+        return len(self.objs) - 1
+
+
+def to_wire(v, depth: int = 0, memo: Shared | None = None):
+    """JSON-able form of `v`; TypeError for anything but exact builtin values. With `memo`, containers
+    already sent in this exchange go as references (see `Shared`)."""
     t = type(v)
     if v is None or t is bool or t is int or t is float or t is str:
         return v
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     d = depth + 1
+    if memo is not None and t in _SHARED:
+        k = memo.ids.get(id(v))
+        if k is not None:
+            return {"t": "same", "v": k}
+        memo.add(v)
     if t is list:
-        return [to_wire(x, d) for x in v]
+        return [to_wire(x, d, memo) for x in v]
     if t is tuple or t is set or t is frozenset:
-        return {"t": t.__name__, "v": [to_wire(x, d) for x in v]}
+        return {"t": t.__name__, "v": [to_wire(x, d, memo) for x in v]}
     if t is dict or t in _DICTS:
         # collections' dict types go as plain dicts: their contents, read with dict's own methods.
-        return {"t": "dict", "v": [[to_wire(k, d), to_wire(x, d)] for k, x in dict.items(v)]}
+        return {"t": "dict", "v": [[to_wire(k, d, memo), to_wire(x, d, memo)] for k, x in dict.items(v)]}
     if t is bytes or t is bytearray:
         return {"t": t.__name__, "v": v.hex()}
     if t is complex:
@@ -113,15 +216,34 @@ def to_wire(v, depth: int = 0):
         for x in v:
             if len(items) >= MAX_ITEMS:
                 raise ValueError(f"iterator longer than {MAX_ITEMS} items")
-            items.append(to_wire(x, d))
+            items.append(to_wire(x, d, memo))
         return {"t": "iter", "v": items}
     raise TypeError(
         f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)"
     )
 
 
-def from_wire(x, depth: int = 0, refs: dict | None = None):
-    """Inverse of `to_wire`; ValueError for anything malformed. `refs` resolves {"t": "ref"} (args only)."""
+class Refused(ValueError):
+    """An untrusted record or value over the decoding budget: refused before it is built."""
+
+
+def _hashable(items: list, what: str) -> list:
+    """`items` unchanged, or ValueError when more than MAX_SAME_HASH of them share one hash: building a
+    dict or set of them would cost the decoder time quadratic in their number."""
+    if len(items) > MAX_SAME_HASH:
+        try:
+            worst = max(collections.Counter(map(hash, items)).values())
+        except TypeError as e:
+            raise ValueError(f"unhashable {what}: {e}") from None
+        if worst > MAX_SAME_HASH:
+            raise Refused(f"{worst} {what}s share one hash (limit {MAX_SAME_HASH}); refused, not built")
+    return items
+
+
+def from_wire(x, depth: int = 0, refs: dict | None = None, nodes: list | None = None):
+    """Inverse of `to_wire`; ValueError for anything malformed. `refs` resolves {"t": "ref"} (args only);
+    `nodes` (a list, filled in pre-order) resolves {"t": "same"} as `Shared` numbered them. A dict or set
+    whose keys share hashes is refused before it is built (`_hashable`)."""
     t = type(x)
     if x is None or t is bool or t is int or t is float or t is str:
         return x
@@ -129,19 +251,50 @@ def from_wire(x, depth: int = 0, refs: dict | None = None):
         raise ValueError("value nested too deeply")
     d = depth + 1
     if t is list:
-        return [from_wire(e, d, refs) for e in x]
+        if nodes is None:
+            return [from_wire(e, d, refs) for e in x]
+        out: list = []
+        nodes.append(out)
+        out.extend([from_wire(e, d, refs, nodes) for e in x])
+        return out
     if t is not dict or set(x) != {"t", "v"}:
         raise ValueError(f"malformed value: {type(x).__name__}")
     tag, v = x["t"], x["v"]
+    if tag == "same" and nodes is not None and type(v) is int and 0 <= v < len(nodes):
+        if nodes[v] is _PENDING:
+            raise ValueError("a tuple or frozenset that contains itself")
+        return nodes[v]
     if tag in ("tuple", "set", "frozenset", "iter") and type(v) is list:
-        items = [from_wire(e, d, refs) for e in v]
-        return (
-            iter(items) if tag == "iter" else {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
-        )
+        slot = -1
+        if nodes is not None and tag != "iter":
+            slot = len(nodes)
+            nodes.append(set() if tag == "set" else _PENDING)
+        items = [from_wire(e, d, refs, nodes) for e in v]
+        if tag == "iter":
+            return iter(items)
+        if tag == "tuple":
+            out = tuple(items)
+        else:
+            _hashable(items, "set item")
+            out = nodes[slot] if tag == "set" and slot >= 0 else set()
+            out.update(items)
+            out = frozenset(out) if tag == "frozenset" else out
+        if slot >= 0:
+            nodes[slot] = out
+        return out
     if tag == "dict" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-        return {from_wire(k, d, refs): from_wire(e, d, refs) for k, e in v}
+        out = {}
+        if nodes is not None:
+            nodes.append(out)
+        pairs = [(from_wire(k, d, refs, nodes), from_wire(e, d, refs, nodes)) for k, e in v]
+        _hashable([k for k, _ in pairs], "dict key")
+        out.update(pairs)
+        return out
     if tag in ("bytes", "bytearray") and type(v) is str:
-        return (bytes if tag == "bytes" else bytearray).fromhex(v)
+        out = (bytes if tag == "bytes" else bytearray).fromhex(v)
+        if nodes is not None and tag == "bytearray":
+            nodes.append(out)
+        return out
     if tag == "complex" and type(v) is list and len(v) == 2 and all(type(e) in (int, float) for e in v):
         return complex(v[0], v[1])
     if tag == "range" and type(v) is list and len(v) == 3 and all(type(e) is int for e in v):
@@ -155,12 +308,27 @@ def from_wire(x, depth: int = 0, refs: dict | None = None):
     raise ValueError(f"malformed value with tag {str(tag)[:40]!r}")
 
 
+def parse_record(text: str, limit: int = RESULT_LIMIT + 64):
+    """json.loads of one untrusted record within a budget, checked before anything is built: at most
+    `limit` characters and MAX_CONTAINERS brackets; ValueError otherwise (also for nesting too deep
+    for the JSON decoder, which raises RecursionError)."""
+    if len(text) > limit:
+        raise Refused(f"record over {limit} characters")
+    n = text.count("[") + text.count("{")
+    if n > MAX_CONTAINERS:
+        raise Refused(f"record with {n} containers (limit {MAX_CONTAINERS}); refused, not decoded")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise Refused("record nested too deeply for the JSON decoder") from None
+
+
 def dumps(v) -> str:
     return json.dumps(to_wire(v), separators=(",", ":"))
 
 
 def loads(s: str):
     try:
-        return from_wire(json.loads(s))
+        return from_wire(parse_record(s))
     except RecursionError as e:
         raise ValueError("value nested too deeply") from e

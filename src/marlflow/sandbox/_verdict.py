@@ -12,9 +12,10 @@ import json
 import math
 import os
 import signal
+import warnings
 from dataclasses import dataclass, field
 
-from marlflow.sandbox._convert import OPS, WRAPPERS, convert
+from marlflow.sandbox._convert import OPS, convert
 from marlflow.sandbox._result import (
     CALLS_MARKER,
     OUTPUT_CAP,
@@ -22,14 +23,67 @@ from marlflow.sandbox._result import (
     STDERR_LIMIT,
     STDIO_MARKER,
     STDOUT_LIMIT,
+    Refused,
     SandboxResult,
     check_limits,
     from_wire,
     outputs_match,
+    parse_record,
+    show,
+    signal_name,
     to_wire,
 )
 
 _SYNTAX = ("SyntaxError", "IndentationError", "TabError")
+# Statuses a reproducible program gets again on any machine at any load: the only ones the cache keeps.
+CACHEABLE = frozenset({"passed", "failed", "syntax_error"})
+# Modules with no randomness, clock or process state: a program importing only these (and using none of
+# _DYNAMIC) computes the same thing every run. Anything else (random, time, os, secrets, uuid, datetime,
+# threading, ...) or a dynamic import makes its verdict uncacheable.
+_PURE_MODULES = frozenset({
+    "__future__", "abc", "array", "ast", "base64", "binascii", "bisect", "calendar", "cmath", "collections",
+    "copy", "csv", "dataclasses", "decimal", "enum", "fractions", "functools", "hashlib", "heapq", "io",
+    "itertools", "json", "keyword", "math", "numbers", "operator", "pprint", "queue", "re", "statistics",
+    "string", "struct", "sys", "textwrap", "typing", "unicodedata", "zlib",
+})  # fmt: skip
+_DYNAMIC = frozenset({
+    "__import__", "importlib", "eval", "exec", "compile", "open", "id", "hash", "globals", "locals", "vars",
+    "getattr", "setattr", "delattr", "__builtins__", "__dict__", "__globals__", "__subclasses__", "modules",
+    "_getframe", "__loader__", "__spec__", "breakpoint", "urandom", "getrandbits", "perf_counter",
+    "attrgetter", "methodcaller", "__getattribute__", "__getattr__", "__class__", "__base__", "__bases__",
+    "__mro__", "__code__", "__closure__", "__self__", "__func__", "__module__", "__reduce__", "__reduce_ex__",
+})  # fmt: skip
+
+
+def deterministic(*sources: str) -> bool:
+    """True when none of `sources` (program, tests, prelude) can make a run differ from the last: every
+    import is of a _PURE_MODULES module, no name, attribute or string is in _DYNAMIC. Static and
+    conservative (a False only costs a rerun); string hashes are fixed by the workers' PYTHONHASHSEED."""
+    for src in sources:
+        if not src:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(src)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue  # never runs past compiling: the same syntax error every time
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import) and any(a.name.split(".")[0] not in _PURE_MODULES for a in n.names):
+                return False
+            if isinstance(n, ast.ImportFrom) and (
+                n.level or (n.module or "").split(".")[0] not in _PURE_MODULES
+            ):
+                return False
+            if (
+                (isinstance(n, ast.Name) and n.id in _DYNAMIC)
+                or (isinstance(n, ast.Attribute) and n.attr in _DYNAMIC)
+                or (isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in _DYNAMIC)
+            ):
+                return False
+    return True
+
+
 _LIMIT_OF = {"stdout": STDOUT_LIMIT, "stderr": STDERR_LIMIT, "results": RESULT_LIMIT}
 
 
@@ -41,6 +95,7 @@ class Prepared:
     cases: list | None = None  # stdio: [(stdin, expected stdout)]
     error: SandboxResult | None = None  # decided without running anything
     key: str = ""
+    deterministic: bool = False  # its verdict may be cached (see `deterministic`)
 
 
 def normalize(job, timeout: float, memory_mb: int) -> dict:
@@ -71,27 +126,70 @@ def job_key(d: dict) -> str:
     return hashlib.sha256(json.dumps([d.get(k) for k in fields]).encode()).hexdigest()
 
 
+class UsageError(ValueError):
+    """A job that is wrong as given (raised to the caller, never a verdict)."""
+
+
+def _vacuous(tests: str) -> bool:
+    """True for tests with nothing to run: empty, blank, comments, docstrings, `pass`."""
+    if not tests.strip():
+        return True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = ast.parse(tests).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False  # not empty: judged, and an `error` verdict says why it does not compile
+    return all(isinstance(x, ast.Pass) or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
+               for x in body)  # fmt: skip
+
+
+def error(detail: str) -> SandboxResult:
+    """The verdict of a job that could not be judged; `detail` says why."""
+    return SandboxResult("error", False, detail=detail[:1000])
+
+
 def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
+    """What the worker is sent for one job. A malformed job (wrong types, limits out of range, tests with
+    nothing to run) raises ValueError/TypeError naming the field; anything else that goes wrong with
+    this job's tests becomes its `error` verdict (p.error), never an exception."""
     d = normalize(job, timeout, memory_mb)
+    stdio = d["tests"].startswith(STDIO_MARKER) or d["expect"] is not None
+    if not stdio and not d["tests"].startswith(CALLS_MARKER) and _vacuous(d["tests"]):
+        raise ValueError(
+            "job tests are empty (nothing but blanks, comments or docstrings): give asserts, or "
+            "stdin/expect for a stdin/stdout case; an empty test would pass every program"
+        )
     head = {"code": d["code"], "timeout": d["timeout"], "memory_mb": d["memory_mb"]}
     if d.get("audit_hook") is False:
         head["audit_hook"] = False  # only the kernel-layer test switches it off
     p = Prepared(head=head, key=job_key(d))
-    tests = d["tests"]
+    try:
+        p.deterministic = deterministic(d["code"], d["tests"], d.get("prelude") or "", d.get("setup") or "")
+        _prepare(p, d)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - deep nesting, memory, a bug of ours: this job's verdict
+        p.error = error(f"the tests cannot be prepared: {type(e).__name__}: {show(str(e), 300)}")
+    return p
+
+
+def _prepare(p: Prepared, d: dict) -> None:
+    head, tests = p.head, d["tests"]
     if tests.startswith(STDIO_MARKER) or d["expect"] is not None:
         head["mode"] = "stdio"
         if d["expect"] is not None:
             p.cases = [(d["stdin"] or "", d["expect"])]
-            return p
+            return
         try:
             cases = json.loads(tests[len(STDIO_MARKER) :])
             p.cases = [(str(i), str(o)) for i, o in cases]
-        except (ValueError, TypeError) as e:
-            p.error = SandboxResult("crashed", False, detail=f"bad stdio tests: {e}")
-            return p
+        except (ValueError, TypeError, RecursionError) as e:
+            p.error = error(f"bad stdio tests: {show(str(e), 300)}")
+            return
         if not p.cases:
-            p.error = SandboxResult("crashed", False, detail="no test cases")
-        return p
+            raise UsageError("job tests have no stdio cases: give at least one [stdin, expected stdout]")
+        return
     head["mode"] = "calls"
     if tests.startswith(CALLS_MARKER):
         try:
@@ -99,26 +197,30 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
             fn, cases = str(spec["fn"]), spec["cases"]
             head["calls"] = [[fn, to_wire(list(a)), {"t": "dict", "v": []}] for a, _ in cases]
             p.checks = [{"kind": "deep", "call": i, "expected": e} for i, (_, e) in enumerate(cases)]
-        except (ValueError, TypeError, KeyError) as e:
-            p.error = SandboxResult("crashed", False, detail=f"bad call tests: {e}")
-        return p
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            p.error = error(f"bad call tests: {show(str(e), 300)}")
+            return
+        if not p.checks:
+            raise UsageError("job tests have no call cases: give at least one [args, expected]")
+        return
     conv = convert(tests, d.get("entry_point"), d["code"])
     if conv is not None:
         setup = "\n".join(x for x in (d.get("setup") or "", conv["setup"]) if x)
         head.update(calls=conv["calls"], setup=setup)
         p.checks = conv["checks"]
-        return p
+        return
     try:
-        ast.parse(tests)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ast.parse(tests)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        p.error = SandboxResult("crashed", False, detail=f"the tests do not compile: {e}")
-        return p
+        p.error = error(f"the tests do not compile: {type(e).__name__}: {show(str(e), 300)}")
+        return
     head["mode"] = "judge"
     if d.get("setup"):
         head["setup"] = d["setup"]
     p.part = {"tests": tests, "prelude": d.get("prelude") or "",
               "proxies": [d["entry_point"]] if d.get("entry_point") else []}  # fmt: skip
-    return p
 
 
 def _records(res: str):
@@ -130,15 +232,22 @@ def _records(res: str):
 
 
 def _err(lines, tag="E") -> dict | None:
+    """The last well-formed `tag` record among `lines`, as a dict of plain fields (stage, type, msg: short
+    str; line, errno: int or None). Records are untrusted after the `S` line: one that is too big, too
+    deep or of the wrong shape is skipped, never decoded at any cost."""
     found = None
     for ln in lines:
         if ln.startswith(tag + "{"):
             try:
-                v = json.loads(ln[1:])
+                v = parse_record(ln[1:], 1 << 16)
             except ValueError:
                 continue
             if isinstance(v, dict):
-                found = v
+                found = {
+                    k: v[k][:500] if isinstance(v.get(k), str) else None for k in ("stage", "type", "msg")
+                }
+                found.update({k: v[k] if type(v.get(k)) is int and abs(v[k]) < 1 << 31 else None
+                              for k in ("line", "errno")})  # fmt: skip
     return found
 
 
@@ -150,10 +259,20 @@ def _is_memory(info: dict | None) -> bool:
 
 
 def _describe(info: dict) -> str:
-    return f"{info.get('stage', 'call')}: {info.get('type')}: {str(info.get('msg'))[:300]} (line {info.get('line')})"
+    return f"{info.get('stage') or 'call'}: {info.get('type')}: {(info.get('msg') or '')[:300]} (line {info.get('line')})"
 
 
 def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
+    """The verdict for the worker's raw records; `error` (with the reason) if judging them fails."""
+    try:
+        return _verdict(p, raw, expect)
+    except Exception as e:  # noqa: BLE001 - one job's records must never raise out of the caller
+        return error(
+            f"the caller could not judge this job's records: {type(e).__name__}: {show(str(e), 300)}"
+        )
+
+
+def _verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
     if raw.get("error"):
         return SandboxResult("crashed", False, detail=f"sandbox worker refused the job: {raw['error']}")
     stdout, stderr, seconds = raw.get("stdout", ""), raw.get("stderr", ""), float(raw.get("seconds", 0.0))
@@ -187,7 +306,7 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
         return result("memory", f"{uerr.get('type')} in {uerr.get('stage')}")
     if sig:
         mem = sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT) and "Memory" in stderr
-        return result("memory" if mem else "crashed", f"killed by signal {signal.Signals(sig).name}")
+        return result("memory" if mem else "crashed", f"killed by signal {signal_name(sig)}")
     mode = p.head["mode"]
     if mode == "stdio":
         if code != 0 or uerr:
@@ -216,48 +335,50 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
         if jerr and jerr.get("stage") in ("judge-setup", "tests-compile", "prelude"):
             return result("crashed", _describe(jerr))
         if jsig:
-            return result("crashed", f"judge killed by signal {signal.Signals(jsig).name}")
+            return result("crashed", f"judge killed by signal {signal_name(jsig)}")
         return result("failed", _describe(jerr) if jerr else f"the tests did not complete (exit {code})")
     rs = [ln[1:] for ln in untrusted if ln.startswith("R")]
     n = len(p.head.get("calls") or ())
     if len(rs) < n:
         return result("failed", f"exited with code {code} after {len(rs)} of {n} calls")
     for i, check in enumerate(p.checks):
-        ok, why = _check(check, rs)
-        if ok is None:
-            return result("memory", why)
-        if not ok:
-            return result("failed", f"AssertionError: test {i + 1} of {len(p.checks)}: {why}")
+        status, why = _check(check, rs)
+        if status != "passed":
+            prefix = f"AssertionError: test {i + 1} of {len(p.checks)}: " if status == "failed" else ""
+            return result(status, prefix + why)
     return result("passed")
 
 
 def _json_norm(v):
     try:
         return json.loads(json.dumps(v))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return v
 
 
-def _check(check: dict, rs: list[str]):
-    """(True, "") / (False, why) / (None, why) for memory."""
+def _check(check: dict, rs: list[str]) -> tuple[str, str]:
+    """(status, why) of one check against the candidate's answers `rs`: passed, failed, memory, or error
+    (an answer over the decoding budget). Wrappers were applied in the candidate's process; here only
+    plain, bounded data is compared."""
     kind = check["kind"]
     if kind == "const_false":
-        return False, "a test asserts a false constant"
+        return "failed", "a test asserts a false constant"
     try:
-        tag, value = json.loads(rs[check["call"]])
+        tag, value = parse_record(rs[check["call"]])
         if tag == "err":
-            info = value if isinstance(value, dict) else {}
+            info = _err(["E" + json.dumps(value)]) if isinstance(value, dict) else None
+            info = info or {}
             if _is_memory(info):
-                return None, f"{info.get('type')} in a call"
-            return False, f"the call raised {info.get('type')}: {str(info.get('msg'))[:200]}"
+                return "memory", f"{info.get('type')} in a call"
+            return "failed", f"the call raised {info.get('type')}: {(info.get('msg') or '')[:200]}"
         if tag != "ok":
-            return False, "malformed answer"
+            return "failed", "malformed answer"
         got = from_wire(value)
+    except Refused as e:
+        return "error", f"the answer was refused: {show(str(e), 200)}"
     except (ValueError, TypeError, RecursionError, IndexError) as e:
-        return False, f"the answer is not a plain builtin value ({str(e)[:100]})"
+        return "failed", f"the answer is not a plain builtin value ({show(str(e), 100)})"
     try:
-        for name, extra, kw in check.get("wrappers") or ():
-            got = WRAPPERS[name](got, *extra, **kw)
         if kind == "deep":
             g = _json_norm(got)
             ok = g == check["expected"] or [g] == check["expected"]
@@ -274,7 +395,7 @@ def _check(check: dict, rs: list[str]):
             kw = {k: check[k] for k in ("rel_tol", "abs_tol") if k in check}
             ok = math.isclose(got, check["expected"], **kw)
         else:
-            return False, f"unknown check {kind}"
+            return "failed", f"unknown check {kind}"
     except Exception as e:  # noqa: BLE001 - comparing plain data; a TypeError is a wrong answer
-        return False, f"{type(e).__name__} comparing the answer: {str(e)[:100]}"
-    return bool(ok), "" if ok else f"got {repr(got)[:200]}"
+        return "failed", f"{type(e).__name__} comparing the answer: {show(str(e), 100)}"
+    return ("passed", "") if ok else ("failed", f"got {show(got, 200)}")

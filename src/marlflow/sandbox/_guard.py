@@ -5,7 +5,9 @@ any job (or anything else in the worker) could have patched a module. The hook i
 Landlock and must stand alone on kernels without Landlock: it refuses processes, sockets, ctypes and
 private extension modules (also when loaded under another name), frame and gc introspection, directory
 file descriptors and `chdir` outside the working directory (so `dir_fd=` / relative-path tricks cannot
-escape), `..` in relative paths, and file writes outside the working directory.
+escape), `..` in relative paths, file writes outside the working directory, and extension modules (native
+code) from anywhere but the read-only Python install. It is not the barrier against native code (native
+code never calls it): the kernel layers are (docs/sandbox.md); it makes their refusals early and readable.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_loc
 # Extension modules that reach below the interpreter; refused by name and by file, whatever they are
 # imported as (`spec_from_file_location("x._posixsubprocess", ...)` loads the same init function).
 _PRIVATE_MODULES = {"_posixsubprocess", "_ctypes", "_xxsubinterpreters", "_testcapi", "_testinternalcapi",
-                    "_testmultiphase", "_xxinterpchannels", "_lsprof", "_tracemalloc", "faulthandler"}  # fmt: skip
+                    "_testmultiphase", "_xxinterpchannels", "_lsprof", "_tracemalloc", "faulthandler",
+                    "_posixshmem"}  # fmt: skip
 _BLOCKED_EVENTS = {
     "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
     "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect",
@@ -78,6 +81,21 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     path_flags = getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
     private = frozenset(_PRIVATE_MODULES)
+    ext_ok = tuple(r.rstrip("/") + "/" for r in read_roots)
+
+    def native_allowed(filename) -> bool:
+        # Only plain string ops and no patchable module globals: the program may have replaced posixpath.
+        try:
+            p = fspath(filename)
+        except Exception:
+            return False
+        if isinstance(p, bytes):
+            p = p.decode("utf-8", "surrogateescape")
+        if not isinstance(p, str) or "\0" in p or not p.startswith("/"):
+            return False
+        if any(part in ("", ".", "..") for part in p[1:].split("/")):
+            return False
+        return p.startswith(ext_ok) and not (p + "/").startswith(wd)
 
     def resolve(path) -> str | None:
         try:
@@ -114,6 +132,10 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
             base = os.path.basename(str(args[1])).partition(".")[0] if len(args) > 1 and args[1] else ""
             if name in private or base in private:
                 raise ImportError(f"sandbox: module {args[0]} is not allowed")
+            # A filename comes with the event only where a file is about to be loaded as native code
+            # (_imp.create_dynamic): an extension module written to the working dir, a /proc/self/fd path.
+            if len(args) > 1 and args[1] is not None and not native_allowed(args[1]):
+                raise ImportError(f"sandbox: extension module {args[1]!r} is outside the Python install")
         elif event == "open" and args:
             mode, flags = (args[1] if len(args) > 1 else "r") or "", (args[2] if len(args) > 2 else 0) or 0
             writing = any(c in str(mode) for c in "wax+") or bool(flags & write_flags)

@@ -1,17 +1,35 @@
-"""Kernel isolation helpers (ctypes; Python 3.11 has no os.unshare): network namespace, capabilities,
-Landlock, prctl. Every helper returns False when the kernel refuses; the other layers still hold."""
+"""Kernel isolation helpers (ctypes; Python 3.11 has no os.unshare): network, mount, PID and IPC
+namespaces, a read-only file-system view for chroot, capabilities, seccomp, Landlock, prctl. Every helper
+returns False (or -1) when the kernel refuses; which layers hold in which deployment is in docs/sandbox.md.
+
+Test switches, read once at import (the pool passes MARLFLOW_SANDBOX_* to its workers):
+MARLFLOW_SANDBOX_NO_LANDLOCK=1 acts as if the kernel had no Landlock (the CI runs the hostile corpus so),
+MARLFLOW_SANDBOX_NO_NAMESPACES=1 as if it refused every namespace (the pool then refuses to run programs
+unless MARLFLOW_SANDBOX_ALLOW_WEAK=1).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import platform
 import struct
 import sys
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+_CLONE_NEWPID, _CLONE_NEWIPC, _CLONE_THREAD = 0x20000000, 0x08000000, 0x00010000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = (
+    1024,
+    2048,
+    4096,
+    0x4000,
+    1 << 18,
+    1 << 21,
+)
+_NO_NAMESPACES = os.environ.get("MARLFLOW_SANDBOX_NO_NAMESPACES") == "1"
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
 _SYS_LANDLOCK = (444, 445, 446)  # create_ruleset, add_rule, restrict_self (same on all Linux arches)
 
@@ -22,7 +40,7 @@ def _prctl(option: int, arg: int) -> bool:
 
 def _unshare_network() -> bool:
     """Move this (single-threaded) process into a new, empty network namespace."""
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or _NO_NAMESPACES:
         return False
     if os.geteuid() == 0 and _libc.unshare(_CLONE_NEWNET) == 0:
         return True
@@ -44,7 +62,7 @@ def _drop_capabilities() -> bool:
 
 
 def _landlock_abi() -> int:
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get("MARLFLOW_SANDBOX_NO_LANDLOCK") == "1":
         return 0
     v = _libc.syscall(_SYS_LANDLOCK[0], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     return max(int(v), 0)
@@ -109,3 +127,154 @@ def _read_roots() -> list[str]:
             roots.add(sysconfig.get_paths()[key])
     roots |= {p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p}
     return sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)} - {"/"})
+
+
+# ------------------------------------------------------------------ namespaces, file-system view, seccomp
+
+_ARCH = platform.machine()
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(_ARCH)
+
+
+def _fork_isolated() -> int:
+    """fork(2) into new PID, mount and IPC namespaces: the child is PID 1 of its own namespace, so when it
+    dies the kernel kills every process it left behind, and it cannot name (signal, renice, pin, ptrace)
+    any process outside. Returns the child's pid in the parent, 0 in the child, -1 if the kernel refuses
+    (nothing was forked then). Only for a single-threaded caller: like os.fork, but through the raw clone
+    syscall (no stack switch, so the child continues on a copy of this stack), with CPython's own fork
+    hooks around it."""
+    if _SYS_CLONE is None or _NO_NAMESPACES:
+        return -1
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _libc.syscall(_SYS_CLONE, ctypes.c_ulong(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC | 17), None, None, None, None)  # fmt: skip
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+    else:
+        api.PyOS_AfterFork_Parent()
+    return pid
+
+
+def _statvfs_flags(path: str) -> int:
+    """Mount flags of `path` that a read-only remount must keep (an unprivileged user namespace may not
+    clear them: EPERM)."""
+    f = os.statvfs(path).f_flag
+    pairs = ((2, _MS_NOSUID), (4, _MS_NODEV), (8, _MS_NOEXEC), (1024, _MS_NOATIME), (2048, _MS_NODIRATIME),
+             (4096, _MS_RELATIME))  # fmt: skip
+    return sum(ms for st, ms in pairs if f & st)
+
+
+def _mount(src, target: str, fstype, flags: int, data) -> None:
+    def enc(x):
+        return None if x is None else x.encode()
+
+    if _libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
+
+
+def _build_view(base: str, roots: list[str], devices: list[str]) -> str | None:
+    """In this process's own (new, private) mount namespace, mount a tmpfs on `base` holding read-only
+    bind mounts of `roots` (the Python install) and `devices` at their own paths, and a `w/` folder for
+    working directories. A candidate that chroots into `base` sees nothing else: `os.stat`, `listdir` and
+    `open` of any other path find nothing, whatever Landlock or the audit hook allow. Returns the path of
+    `w/`, or None if the kernel refuses (the caller then runs without the view)."""
+    if _NO_NAMESPACES or _libc.unshare(_CLONE_NEWNS) != 0:
+        return None
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+        _mount("tmpfs", base, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+        done: list[str] = []
+        for src in sorted(roots) + devices:
+            if any((src + "/").startswith(d + "/") for d in done):
+                continue  # already inside a bound root
+            dst = base + src
+            if os.path.isdir(src):
+                os.makedirs(dst, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                open(dst, "a").close()
+            _mount(src, dst, None, _MS_BIND | _MS_REC, None)
+            keep = _statvfs_flags(src)
+            _mount(None, dst, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | keep, None)
+            done.append(src)
+        os.mkdir(base + "/w", 0o711)
+        _mount(None, base, None, _MS_REMOUNT | _MS_NOSUID | _MS_NODEV, "mode=0755")
+        return base + "/w"
+    except OSError:
+        return None
+
+
+# seccomp: syscalls the candidate never needs and whose effects reach past its limits or its namespaces
+# (memory not counted by RLIMIT_AS, other processes' scheduling, new namespaces, exec, tracing, kernel
+# interfaces that bypass the file checks). Refused with EPERM; clone only for threads; clone3 ENOSYS
+# (glibc then creates threads with clone).
+_SECCOMP_DENY = {
+    "x86_64": (0xC000003E, {
+        "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68, "semget": 64,
+        "mq_open": 240, "setpriority": 141, "sched_setaffinity": 203, "sched_setparam": 142,
+        "sched_setscheduler": 144, "sched_setattr": 314, "ioprio_set": 251, "ptrace": 101,
+        "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434, "pidfd_send_signal": 424,
+        "pidfd_getfd": 438, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "userfaultfd": 323, "perf_event_open": 298, "bpf": 321, "unshare": 272, "setns": 308, "mount": 165,
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "fork": 57, "vfork": 58, "execve": 59,
+        "execveat": 322, "kexec_load": 246, "init_module": 175, "finit_module": 313, "keyctl": 250,
+        "add_key": 248, "request_key": 249, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+        "fsmount": 432, "mount_setattr": 442, "kcmp": 312, "process_madvise": 440,
+    }),
+    "aarch64": (0xC00000B7, {
+        "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186, "semget": 190,
+        "mq_open": 180, "setpriority": 140, "sched_setaffinity": 122, "sched_setparam": 118,
+        "sched_setscheduler": 119, "sched_setattr": 274, "ioprio_set": 30, "ptrace": 117,
+        "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_open": 434, "pidfd_send_signal": 424,
+        "pidfd_getfd": 438, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "userfaultfd": 282, "perf_event_open": 241, "bpf": 280, "unshare": 97, "setns": 268, "mount": 40,
+        "umount2": 39, "pivot_root": 41, "chroot": 51, "execve": 221, "execveat": 281, "kexec_load": 104,
+        "init_module": 105, "finit_module": 273, "keyctl": 219, "add_key": 217, "request_key": 218,
+        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsmount": 432, "mount_setattr": 442,
+        "kcmp": 272, "process_madvise": 440,
+    }),
+}  # fmt: skip
+_CLONE3 = 435
+
+
+def _seccomp_program() -> bytes | None:
+    """The BPF filter for this architecture (None where the syscall table is not known here)."""
+    if _ARCH not in _SECCOMP_DENY or _SYS_CLONE is None:
+        return None
+    arch, deny = _SECCOMP_DENY[_ARCH]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+    nrs = sorted(set(deny.values()))
+    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4.. jeq deny...; jeq clone; jeq clone3; ret allow;
+    # ld args[0]; jset CLONE_THREAD; ret eperm (fall through); ret allow; ret enosys; ret kill.
+    body = [(ld, 0, 0, 4), None, (ld, 0, 0, 0), None] + [None] * len(nrs) + [None, None, (ret, 0, 0, allow)]
+    clone_at = len(body)
+    body += [(ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD)]
+    deny_at = len(body)
+    body += [(ret, 0, 0, eperm), (ret, 0, 0, allow), (ret, 0, 0, enosys), (ret, 0, 0, kill)]
+    allow_at, enosys_at, kill_at = deny_at + 1, deny_at + 2, deny_at + 3
+    body[1] = (jeq, 0, kill_at - 2, arch)
+    x32 = 0x40000000 if _ARCH == "x86_64" else 0xFFFFFFFF
+    body[3] = (jge, deny_at - 4, 0, x32)
+    for i, nr in enumerate(nrs):
+        at = 4 + i
+        body[at] = (jeq, deny_at - at - 1, 0, nr)
+    at = 4 + len(nrs)
+    body[at] = (jeq, clone_at - at - 1, 0, _SYS_CLONE)
+    body[at + 1] = (jeq, enosys_at - at - 2, 0, _CLONE3)
+    del allow_at
+    return b"".join(struct.pack("=HBBI", *ins) for ins in body)
+
+
+_SECCOMP = _seccomp_program()
+
+
+def _seccomp() -> bool:
+    """Install the filter on this process and everything it forks (no_new_privs first, as unprivileged
+    seccomp requires)."""
+    if _SECCOMP is None:
+        return False
+    buf = ctypes.create_string_buffer(_SECCOMP, len(_SECCOMP))
+    prog = struct.pack("=HxxxxxxQ", len(_SECCOMP) // 8, ctypes.addressof(buf))
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    return _libc.prctl(22, ctypes.c_ulong(2), ctypes.c_char_p(prog), 0, 0) == 0  # PR_SET_SECCOMP, FILTER

@@ -27,6 +27,9 @@ from marlflow.sandbox._kernel import (
     _LL_ABI,
     _PR_SET_CHILD_SUBREAPER,
     _PR_SET_PDEATHSIG,
+    _SECCOMP,
+    _build_view,
+    _fork_isolated,
     _prctl,
     _read_roots,
     _unshare_network,
@@ -59,17 +62,57 @@ def _others_can_read(roots: list[str]) -> bool:
 _SUPERVISOR: dict = {}
 
 
+# The kernel layers without which untrusted programs are not run (docs/sandbox.md): the audit hook alone
+# does not hold native code or a determined program, so a machine that lacks one of these refuses loudly
+# (the pool raises at start) unless MARLFLOW_SANDBOX_ALLOW_WEAK=1. Landlock is not among them: the view,
+# the namespaces and seccomp hold its classes without it (the pool still warns).
+REQUIRED_LAYERS = ("netns", "view", "pidns", "seccomp")
+DEVICES = ["/dev/null", "/dev/urandom", "/dev/zero"]
+
+
+def _probe_pidns() -> bool:
+    """Can this process fork a child into new PID, mount and IPC namespaces?"""
+    pid = _fork_isolated()
+    if pid == 0:  # pragma: no cover - the probe child
+        os._exit(0)
+    if pid < 0:
+        return False
+    os.waitpid(pid, 0)
+    return True
+
+
 def _prepare_supervisor() -> dict:
-    """Set up this (single-threaded) supervising process once: no network for it and its children,
-    subreaper for escaped descendants, no secrets in its environment."""
+    """Set up this (single-threaded) supervising process once: no network for it and its children, its
+    own mount namespace holding the read-only view candidates chroot into, subreaper for escaped
+    descendants, no secrets in its environment."""
     roots = _read_roots()
+    allow_weak = os.environ.get("MARLFLOW_SANDBOX_ALLOW_WEAK") == "1"
     info = {"netns": _unshare_network(), "landlock_abi": _LL_ABI, "root": os.geteuid() == 0}
-    # Dropping to "nobody" is only possible when nobody can still read the Python install.
-    info["drop_uid"] = info["root"] and _others_can_read(roots)
-    # /dev/shm makes the per-program mkdir/rmdir ~100x cheaper than a disk-backed /tmp.
-    shm = "/dev/shm"
-    tmp = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-    _SUPERVISOR.update(info, roots=roots, tmp=tmp)
+    # /dev/shm makes the per-program mkdir/rmdir ~100x cheaper than a disk-backed /tmp. With a mount
+    # namespace, the view is a tmpfs mounted over it in this process's namespace only: the working dirs
+    # live there and vanish with this process, whatever kills it.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    view_w = _build_view(shm, roots, DEVICES)
+    info["view"] = view_w is not None
+    info["pidns"] = _probe_pidns()
+    info["seccomp"] = _SECCOMP is not None
+    # Dropping to "nobody" is only possible when nobody can still read the Python install (in the view,
+    # the folders above it are the view's own, world-readable).
+    info["drop_uid"] = info["root"] and _others_can_read([shm + r for r in roots] if view_w else roots)
+    missing = [k for k in REQUIRED_LAYERS if not info[k]]
+    info["missing"] = missing
+    if missing and not allow_weak:
+        info["refused"] = (
+            f"marlflow.sandbox: refusing to run untrusted programs: the kernel refused {', '.join(missing)} "
+            "(see docs/sandbox.md for what each deployment needs: root, or unprivileged user namespaces, on "
+            "x86_64/aarch64 Linux). Without them the audit hook alone does not contain native code. Set "
+            "MARLFLOW_SANDBOX_ALLOW_WEAK=1 to run anyway on trusted inputs only."
+        )
+    tmp = view_w or (shm if os.access(shm, os.W_OK | os.X_OK) else None)
+    _SUPERVISOR.update(info, roots=roots, tmp=tmp, base=shm if view_w else None)
+    # The candidate checks this pidfd to learn that this process died before its PDEATHSIG was set (in
+    # its own PID namespace, getppid() is 0 whether or not we live).
+    _SUPERVISOR["alive_fd"] = os.pidfd_open(os.getpid())
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     for k in list(os.environ):
         if k not in ("PATH", "LANG", "LC_ALL", "TMPDIR"):
@@ -81,7 +124,9 @@ def supervise(job: dict, read_tests) -> dict:
     """Run one job; `read_tests()` gives the judge's part (called after the candidate is forked)."""
     t0 = time.monotonic()
     roots = _SUPERVISOR["roots"]
-    job = dict(job, drop_uid=_SUPERVISOR.get("drop_uid", False))
+    base = _SUPERVISOR.get("base")
+    job = dict(job, drop_uid=_SUPERVISOR.get("drop_uid", False), base=base, alive_fd=_SUPERVISOR.get("alive_fd"),
+               layers={k: _SUPERVISOR.get(k) for k in ("pidns", "seccomp", "view")})  # fmt: skip
     judged = job["mode"] == "judge"
     workdir = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=_SUPERVISOR.get("tmp"))
     pids: list[int] = []
@@ -106,7 +151,12 @@ def supervise(job: dict, read_tests) -> dict:
             cfds.update(req=req_r, resp=resp_w)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        if _SUPERVISOR.get("pidns"):
+            pid = _fork_isolated()  # PID 1 of its own namespace: its death kills all it left behind
+            if pid < 0:
+                raise OSError("the kernel refused new namespaces for this program (too many at once?)")
+        else:
+            pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
             try:
                 candidate(job, cfds, workdir, roots)
@@ -279,6 +329,8 @@ def _serve() -> None:
             job["timeout"], job["memory_mb"] = check_limits(job.get("timeout"), job.get("memory_mb"))
             if not isinstance(job.get("code"), str):
                 raise ValueError("job code must be a string")
+            if _SUPERVISOR.get("refused"):
+                raise RuntimeError(_SUPERVISOR["refused"])
             out = supervise(job, read_tests)
         except Exception as e:  # noqa: BLE001 - a bad job or a supervisor bug must not kill the worker
             out = {"error": f"{type(e).__name__}: {e}"}

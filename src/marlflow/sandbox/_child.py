@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import resource
 import signal
 import sys
@@ -43,7 +44,18 @@ from marlflow.sandbox._kernel import (
     _prctl,
     _seccomp,
 )
-from marlflow.sandbox._result import RESULT_LIMIT, SANDBOX_UID, WORKDIR_MB, from_wire, to_wire
+from marlflow.sandbox._result import (
+    RESULT_LIMIT,
+    SANDBOX_UID,
+    WORKDIR_MB,
+    WRAPPER_NAMES,
+    Shared,
+    _hashable,
+    from_wire,
+    module_names,
+    parse_record,
+    to_wire,
+)
 
 
 def _close_fds_except(keep: set[int]) -> None:
@@ -106,8 +118,9 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         in_fd = os.open(stdin_path or os.devnull, os.O_RDONLY)
         for src, dst in ((in_fd, 0), (fds["out"], 1), (fds["err"], 2)):
             os.dup2(src, dst)
-        keep = {res, fds.get("req", -1), fds.get("resp", -1), alive_fd if alive_fd is not None else -1}
-        _close_fds_except(keep)
+        _close_fds_except(
+            {res, fds.get("req", -1), fds.get("resp", -1), alive_fd if alive_fd is not None else -1}
+        )
         if stdin_path:
             os.unlink(stdin_path)
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
@@ -164,6 +177,10 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
     except BaseException as e:  # noqa: BLE001 - the verdict needs every failure reported
         _record(write, res, b"E", e, stage)
         exit_(3)
+    # The worker imported `random` once; without a fresh seed every program it forks would draw the
+    # same numbers, and a program right by chance would be right (or wrong) every time.
+    with contextlib.suppress(Exception):
+        random.seed()
     write(res, b"S\n")  # from here on, the program may write anything to any fd it holds
     ns = {"__name__": "__main__", "__builtins__": dict(_BUILTINS)}
     stage = "solution"
@@ -185,8 +202,8 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         exit_(0)
     restore_modules()
     if mode == "calls":
-        for fn, args, kwargs in job["calls"]:
-            write(res, b"R" + _call(ns, fn, args, kwargs) + b"\n")
+        for fn, args, kwargs, *wrappers in job["calls"]:
+            write(res, b"R" + _call(ns, fn, args, kwargs, wrappers[0] if wrappers else ()) + b"\n")
             with contextlib.suppress(BaseException):
                 sys.stdout.flush()
         write(res, b"Z\n")
@@ -204,7 +221,7 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
             fn, args, kwargs = json.loads(line)
         except BaseException:  # noqa: BLE001
             exit_(1)
-        out = _call(ns, fn, args, kwargs) + b"\n"
+        out = _call(ns, fn, args, kwargs, shared=True) + b"\n"
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
         try:
@@ -215,53 +232,126 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
             exit_(1)
 
 
-def _call(ns: dict, fn: str, args, kwargs) -> bytes:
-    """One call of the program's function, answered as ["ok", value] or ["err", {type, msg, errno}]."""
+def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: bool = False) -> bytes:
+    """One call of the program's function, answered as ["ok", value] or ["err", {type, msg, errno}].
+    `wrappers` ([name, args, kwargs] of builtins in WRAPPER_NAMES, innermost first) are applied here, to
+    the real return value under this process's limits. `shared` (the judge's calls): arguments and answer
+    share one `Shared` numbering, and the answer carries the arguments' contents after the call as a
+    third element, so the judge sees mutation and identity as plain Python would."""
+    nodes: list = []
     try:
         f = _resolve(ns, fn)
-        a, k = from_wire(args, refs=ns), from_wire(kwargs, refs=ns)
-        out = json.dumps(["ok", to_wire(f(*a, **k))], separators=(",", ":")).encode()
+        a = from_wire(args, refs=ns, nodes=nodes if shared else None)
+        k = from_wire(kwargs, refs=ns, nodes=nodes if shared else None)
+        out = f(*a, **k)
+        for name, extra, kw in wrappers:
+            if name not in WRAPPER_NAMES:
+                raise ValueError(f"not a wrapper: {name}")
+            out = _BUILTINS[name](out, *from_wire(extra), **from_wire(kw))
+        tag, value = "ok", out
+    except BaseException as e:  # noqa: BLE001 - an exception is the call's answer
+        errno = getattr(e, "errno", None)
+        tag, value = "err", {"type": type(e).__name__, "msg": str(e)[:300] if _plain_str(e) else "",
+                             "errno": errno if isinstance(errno, int) else None}  # fmt: skip
+    try:
+        memo = Shared(nodes) if shared else None
+        states = [_contents(n, memo) for n in nodes] if shared else None
+        wire = to_wire(value, memo=memo) if tag == "ok" else value
+        out = json.dumps([tag, wire] + ([states] if shared else []), separators=(",", ":")).encode()
         if len(out) > RESULT_LIMIT:
             raise ValueError(f"return value over {RESULT_LIMIT} bytes encoded")
         return out
-    except BaseException as e:  # noqa: BLE001 - an exception is the call's answer
-        errno = getattr(e, "errno", None)
-        info = {
-            "type": type(e).__name__,
-            "msg": str(e)[:300],
-            "errno": errno if isinstance(errno, int) else None,
-        }
+    except BaseException as e:  # noqa: BLE001
+        info = {"type": type(e).__name__, "msg": str(e)[:300] if _plain_str(e) else "", "errno": None}
         try:
             return json.dumps(["err", info]).encode()
         except BaseException:  # noqa: BLE001
             return b'["err",{"type":"Error","msg":"","errno":null}]'
 
 
+def _plain_str(e: BaseException) -> bool:
+    try:
+        return type(str(e)) is str
+    except BaseException:  # noqa: BLE001 - a message that cannot be printed is sent empty
+        return False
+
+
+def _contents(node, memo):
+    """What a container argument holds now, for the judge to copy into its own object (see `_call`);
+    None for tuples and frozensets, which cannot change."""
+    t = type(node)
+    if t is list:
+        return [to_wire(x, 1, memo) for x in node]
+    if t is dict:
+        return [[to_wire(k, 1, memo), to_wire(x, 1, memo)] for k, x in dict.items(node)]
+    if t is set:
+        return [to_wire(x, 1, memo) for x in node]
+    if t is bytearray:
+        return node.hex()
+    return None
+
+
+def _update(node, state, nodes: list) -> None:
+    """Inverse of `_contents`, in the judge: `node` (the judge's own argument) now holds what the
+    program's copy holds, with containers it shares with other arguments resolved through `nodes`."""
+    t = type(node)
+    if state is None:
+        return
+    if t is list and type(state) is list:
+        node[:] = [from_wire(x, 1, nodes=nodes) for x in state]
+    elif t is dict and type(state) is list and all(type(p) is list and len(p) == 2 for p in state):
+        pairs = [(from_wire(k, 1, nodes=nodes), from_wire(x, 1, nodes=nodes)) for k, x in state]
+        _hashable([k for k, _ in pairs], "dict key")
+        node.clear()
+        node.update(pairs)
+    elif t is set and type(state) is list:
+        items = _hashable([from_wire(x, 1, nodes=nodes) for x in state], "set item")
+        node.clear()
+        node.update(items)
+    elif t is bytearray and type(state) is str:
+        node[:] = bytes.fromhex(state)
+    else:
+        raise ValueError("malformed argument state")
+
+
 # ------------------------------------------------------------------------------------------- the judge
 
 
 class CandidateError(Exception):
-    """The candidate's function raised, returned a value outside the strict encoding, or is gone."""
+    """The candidate's function raised an exception with no builtin type of that name, returned a value
+    outside the strict encoding, or is gone. (An exception of a builtin type is raised as that type.)"""
 
     def __init__(self, info: dict):
         super().__init__(f"{info.get('type')}: {info.get('msg')}")
         self.info = info
 
 
-def _free_names(tree: ast.AST) -> set[str]:
-    loaded, bound = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-    return loaded - bound
+_RAISED: dict = {}  # the exception a proxy last raised for the candidate, and its sanitized record
+
+
+def _candidate_exception(info) -> BaseException:
+    """The exception to raise in the tests for the candidate's error record `info` (untrusted): an
+    exception of the builtin type it names (so `except ValueError` / `pytest.raises(ValueError)` behave as
+    in plain Python), else CandidateError. The record is kept in `_RAISED` for the verdict."""
+    info = info if isinstance(info, dict) else {}
+    clean = {
+        "type": str(info.get("type"))[:100] if isinstance(info.get("type"), str) else "Malformed",
+        "msg": str(info.get("msg"))[:300] if isinstance(info.get("msg"), str) else "",
+        "errno": info.get("errno")
+        if type(info.get("errno")) is int and abs(info["errno"]) < 1 << 16
+        else None,
+    }
+    cls = _BUILTINS.get(clean["type"])
+    exc: BaseException = CandidateError(clean)
+    if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins":
+        with contextlib.suppress(
+            Exception
+        ):  # some need more arguments (UnicodeDecodeError): keep CandidateError
+            exc = cls(clean["errno"], clean["msg"]) if clean["errno"] is not None and issubclass(
+                cls, OSError) else cls(clean["msg"])  # fmt: skip
+    _RAISED.clear()
+    _RAISED.update(exc=exc, info=clean)
+    return exc
 
 
 def judge(job: dict, fds: dict, roots: list[str]):
@@ -289,7 +379,10 @@ def judge(job: dict, fds: dict, roots: list[str]):
         stage = "prelude"
         if job.get("prelude"):
             exec(job["prelude"], ns)
-        names = (_free_names(tree) - set(_BUILTINS) - set(ns)) | set(job.get("proxies") or ())
+        # Names the tests load but do not define in their own module scope are the program's; a name the
+        # tests (or the prelude) define stays theirs, whatever the program defines.
+        loaded, bound = module_names(tree)
+        names = (loaded - bound - set(_BUILTINS) - set(ns)) | set(job.get("proxies") or ())
         req = os.fdopen(fds["req"], "wb", buffering=0)
         resp = os.fdopen(fds["resp"], "rb")
         for name in names:
@@ -302,7 +395,7 @@ def judge(job: dict, fds: dict, roots: list[str]):
         stage = "tests"
         exec(code, ns)
     except BaseException as e:  # noqa: BLE001
-        info = getattr(e, "info", None)
+        info = _RAISED["info"] if _RAISED and _RAISED.get("exc") is e else None
         _record(write, verdict, b"E", e, "candidate" if info is not None else stage)
         if info is not None:
             write(verdict, b"C" + json.dumps(info).encode() + b"\n")
@@ -313,10 +406,12 @@ def judge(job: dict, fds: dict, roots: list[str]):
 
 def _proxy(name: str, req, resp):
     def call(*args, **kwargs):
+        memo = Shared()
         try:
-            msg = json.dumps([name, to_wire(list(args)), to_wire(kwargs)], separators=(",", ":"))
+            msg = json.dumps([name, to_wire(list(args), memo=memo), to_wire(kwargs, memo=memo)],
+                             separators=(",", ":"))  # fmt: skip
         except (TypeError, ValueError) as e:
-            raise CandidateError(
+            raise _candidate_exception(
                 {"type": "ArgumentError", "msg": f"cannot send arguments to {name}: {e}"}
             ) from None
         try:
@@ -325,15 +420,24 @@ def _proxy(name: str, req, resp):
         except OSError:
             line = b""
         if not line.endswith(b"\n"):
-            raise CandidateError({"type": "Exited", "msg": f"the program did not answer a call of {name}"})
+            raise _candidate_exception(
+                {"type": "Exited", "msg": f"the program did not answer a call of {name}"}
+            )
         try:
-            kind, value = json.loads(line)
+            kind, value, *states = parse_record(line.decode("utf-8", "replace"))
+            if states:
+                # The arguments as the program left them: copied into the tests' own objects, in place.
+                nodes = list(memo.objs)
+                if type(states[0]) is not list or len(states[0]) != len(nodes):
+                    raise ValueError("malformed argument states")
+                for node, state in zip(list(nodes), states[0]):
+                    _update(node, state, nodes)
             if kind == "ok":
-                return from_wire(value)
-            info = dict(value) if kind == "err" and isinstance(value, dict) else {"type": "Malformed"}
+                return from_wire(value, nodes=nodes) if states else from_wire(value)
+            info = value if kind == "err" else {"type": "Malformed"}
         except (ValueError, TypeError, RecursionError):
             info = {"type": "Malformed", "msg": "the program's answer is not a plain builtin value"}
-        raise CandidateError({k: info.get(k) for k in ("type", "msg", "errno")})
+        raise _candidate_exception(info)
 
     call.__name__ = call.__qualname__ = name
     return call

@@ -17,9 +17,9 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from marlflow.sandbox._result import SandboxResult
+from marlflow.sandbox._result import SandboxResult, show
 from marlflow.sandbox._supervisor import _read_exact, _send
-from marlflow.sandbox._verdict import Prepared, prepare, verdict
+from marlflow.sandbox._verdict import CACHEABLE, Prepared, error, prepare, verdict
 
 _CACHE_SIZE = 65536
 _WARNED: list[bool] = []
@@ -50,6 +50,9 @@ class _Worker:
         # MARLFLOW_SANDBOX_*: the deployment switches of docs/sandbox.md (_kernel's docstring).
         keep = ("PATH", "LANG", "TMPDIR")
         env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("MARLFLOW_SANDBOX_")}
+        # One string-hash seed for every worker: a program's set/dict order of strings is then the same
+        # whichever worker runs it, so a cached verdict is the verdict it would get again (see verify_many).
+        env["PYTHONHASHSEED"] = "0"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
             start_new_session=True, close_fds=True, bufsize=0,
@@ -156,6 +159,13 @@ class SandboxPool:
         return raw
 
     def run_prepared(self, p: Prepared) -> SandboxResult:
+        """The verdict of one prepared job; never raises: whatever goes wrong is this job's `error`."""
+        try:
+            return self._run_prepared(p)
+        except Exception as e:  # noqa: BLE001 - one job must never take the batch (or the rollout) down
+            return error(f"the sandbox could not run this job: {type(e).__name__}: {show(str(e), 300)}")
+
+    def _run_prepared(self, p: Prepared) -> SandboxResult:
         if p.error is not None:
             return p.error
         if p.cases is None:
@@ -249,30 +259,37 @@ def verify_many(
 ) -> list[SandboxResult]:
     """Verify jobs in parallel in the shared pool. A job is (code, tests) or (code, tests, stdin, expect)
     or a dict with those keys (and optional timeout, memory_mb, entry_point, prelude, setup). Results
-    come back in job order; identical jobs are verified once and verdicts are cached (except worker
-    crashes). A malformed job raises ValueError/TypeError naming it before anything runs."""
+    come back in job order. A malformed job (wrong types, limits out of range, empty tests) raises
+    ValueError/TypeError naming it before anything runs; anything that goes wrong while judging a job is
+    that job's verdict (`error` with the reason), never an exception.
+
+    Identical jobs are verified once and their verdicts cached only when the verdict is reproducible:
+    the program and tests use no source of randomness or time (`_verdict.deterministic`) and the status
+    is one of CACHEABLE (never a timeout, memory or crash, which can depend on the machine's load).
+    Other jobs run every time they are given, duplicates included, as they would without the cache."""
     prepared = _prepare_all(jobs, timeout, memory_mb)
+    keys = [p.key if p.deterministic else f"{p.key}#{i}" for i, p in enumerate(prepared)]
     results: dict[str, SandboxResult] = {}
     if cache:
         with _CACHE_LOCK:
-            for p in prepared:
-                if p.key in _CACHE:
-                    _CACHE.move_to_end(p.key)
-                    results[p.key] = _CACHE[p.key]
-    todo = {p.key: p for p in prepared if p.key not in results}
+            for k in keys:
+                if k in _CACHE:
+                    _CACHE.move_to_end(k)
+                    results[k] = _CACHE[k]
+    todo = {k: p for k, p in zip(keys, prepared) if k not in results}
     if todo:
         pool = _pool(max_workers)
         if pool._closed:
             raise RuntimeError("SandboxPool is closed")
         fresh = list(pool._exec.map(pool.run_prepared, todo.values()))
-        for k, r in zip(todo, fresh):
+        for (k, p), r in zip(todo.items(), fresh):
             results[k] = r
-            if cache and not (r.status == "crashed" and "worker" in r.detail):
+            if cache and p.deterministic and r.status in CACHEABLE:
                 with _CACHE_LOCK:
                     _CACHE[k] = r
                     while len(_CACHE) > _CACHE_SIZE:
                         _CACHE.popitem(last=False)
-    return [results[p.key] for p in prepared]
+    return [results[k] for k in keys]
 
 
 def verify(code: str, tests: str, stdin: str | None = None, expect: str | None = None, **kw) -> SandboxResult:
@@ -281,8 +298,11 @@ def verify(code: str, tests: str, stdin: str | None = None, expect: str | None =
     return verify_many([job], **kw)[0]
 
 
-def run_local(code: str, tests: str, stdin=None, expect=None, timeout=5.0, memory_mb=1024) -> SandboxResult:
-    """Run one job in a fresh one-worker pool (what the command line does)."""
+def run_local(
+    code: str, tests: str, stdin=None, expect=None, timeout=5.0, memory_mb=1024, entry_point=None
+) -> SandboxResult:
+    """Run one job in a fresh one-worker pool (what the command line does). A malformed job raises
+    ValueError/TypeError (as `verify_many`); every other failure is the returned verdict."""
     job = {
         "code": code,
         "tests": tests,
@@ -290,7 +310,11 @@ def run_local(code: str, tests: str, stdin=None, expect=None, timeout=5.0, memor
         "expect": expect,
         "timeout": timeout,
         "memory_mb": memory_mb,
+        "entry_point": entry_point,
     }
     p = prepare(job)
-    with SandboxPool(1) as pool:
-        return pool.run_prepared(p)
+    try:
+        with SandboxPool(1) as pool:
+            return pool.run_prepared(p)
+    except Exception as e:  # noqa: BLE001 - e.g. closing a worker failed: still one verdict
+        return error(f"the sandbox failed: {type(e).__name__}: {show(str(e), 300)}")

@@ -1,7 +1,19 @@
-"""Every `docs/<file>.md [section N]` that code, rules, profiles or build files cite exists in the repository."""
+"""The docs hold: every `docs/<file>.md [section N]` that code, rules, profiles or build files cite exists; the
+README is at most 250 lines and every command in its code blocks runs (a dry run where it would train); the links
+and RESULTS.md sections that README.md and docs/ cite exist.
 
+    .venv/bin/pytest -q tests/test_docs.py
+"""
+
+import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CITING = ["src", "rules", "profiles", "benchmarks", "tests", ".ci", "Makefile", "Snakefile", "pyproject.toml",
@@ -32,3 +44,204 @@ def test_cited_docs_and_sections_exist():
         elif section and not re.search(rf"^## {section}\. ", path.read_text(), re.M):
             missing.append(f"{where}: docs/{doc} has no section {section}")
     assert not missing, "\n".join(missing)
+
+
+# ---------------------------------------------------------------- the README (issue 28)
+#
+# Every shell command in the README's ```sh blocks runs here: for real where it is cheap and trains nothing
+# (`marlflow matrix`, `marlflow plan`), as a dry run where it would train (`snakemake -n`, `make -n`), and as
+# `--help` plus "every option it uses exists" where it needs a trained run or would start a server. A command this
+# file has no rule for fails the test: add a rule, so that no README command goes unchecked.
+
+README = ROOT / "README.md"
+MAX_README_LINES = 250
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+BIN = Path(sys.executable).parent  # the venv's bin: marlflow, snakemake, tensorboard
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+}
+
+
+def readme_blocks(lang: str) -> list[str]:
+    return [body for fence_lang, body in FENCE.findall(README.read_text()) if fence_lang == lang]
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's ```sh blocks, one per line, without the trailing `# comment`."""
+    out = []
+    for body in readme_blocks("sh"):
+        for line in body.replace("\\\n", " ").splitlines():
+            cmd = re.sub(r"\s+#\s.*$", "", line).strip()
+            if cmd and not cmd.startswith("#"):
+                out.append(cmd)
+    return out
+
+
+def sh(argv: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def ok(argv: list[str], timeout: int = 120) -> str:
+    """Run argv from the repository root; fail with its output unless it exits 0; return stdout + stderr."""
+    out = sh(argv, timeout)
+    assert out.returncode == 0, (
+        f"`{shlex.join(argv)}` exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
+    return out.stdout + out.stderr
+
+
+def options_in_help(argv: list[str], help_argv: list[str]) -> None:
+    """Every --option the README passes is one the command's own --help lists."""
+    text = ok(help_argv)
+    used = [a.split("=")[0] for a in argv if a.startswith("--")]
+    missing = [o for o in used if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
+    assert not missing, f"`{shlex.join(argv)}`: {missing} not in `{shlex.join(help_argv)}`"
+
+
+def toy_run_ids() -> set[str]:
+    return {
+        r["run_id"] for r in json.loads(ok([str(BIN / "marlflow"), "matrix", "--preset", "toy", "--json"]))
+    }
+
+
+def check_snakemake(argv: list[str]) -> None:
+    """A dry run of the same command (`--nolock`: a dry run must not contend with a matrix running here)."""
+    if "--unlock" in argv:  # a real unlock would release a running matrix's lock; its flag and profile exist
+        assert (ROOT / argv[argv.index("--profile") + 1]).is_dir()
+        options_in_help(argv, [str(BIN / "snakemake"), "--help"])
+        return
+    out = ok([str(BIN / "snakemake"), *argv[1:], "-n", "--nolock"], timeout=300)
+    assert "This was a dry-run" in out, out[-2000:]
+
+
+def check_marlflow(argv: list[str]) -> None:
+    verb = argv[1]
+    if verb in ("matrix", "plan"):  # cheap and trains nothing: for real
+        out = ok([str(BIN / "marlflow"), *argv[1:]])
+        assert ("fit" in out) if verb == "plan" else ("run_id" in out), out[-2000:]
+    elif verb == "run":
+        check_snakemake(["snakemake", "--profile", "profiles/local", *argv[2:]])
+    elif verb in ("eval", "chat", "train"):  # needs a trained run: the options exist, the run is a toy run id
+        options_in_help(argv, [str(BIN / "marlflow"), verb, "--help"])
+        runs = [a for a in argv if a.startswith("results/runs/")]
+        for run in runs:
+            assert Path(run).name in toy_run_ids(), (
+                f"`{shlex.join(argv)}`: {run} is not a run of the toy preset"
+            )
+    else:
+        raise AssertionError(f"no rule in tests/test_docs.py for `marlflow {verb}`: add one")
+
+
+def check_make(argv: list[str]) -> None:
+    """`make -n TARGET` prints its recipe; `make run`'s Snakemake command is then dry-run itself."""
+    target = argv[1]
+    out = ok(["make", "-n", target])
+    if target == "run":
+        line = next(x for x in out.splitlines() if "snakemake" in x and "--profile profiles/local" in x)
+        check_snakemake(shlex.split(line))
+    elif target == "test":
+        assert "pytest" in out, out
+
+
+def check_pip(argv: list[str]) -> None:
+    """Installs are not run; their constraint file exists and every extra they name is declared."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert (ROOT / argv[argv.index("-c") + 1]).is_file()
+    for spec in [a for a in argv if a.startswith(".[")]:
+        unknown = [e for e in spec[2:-1].split(",") if e not in extras]
+        assert not unknown, f"`{shlex.join(argv)}`: extras {unknown} are not in pyproject.toml"
+
+
+def check_command(cmd: str) -> None:
+    argv = shlex.split(cmd)
+    if argv[0] == "make":
+        check_make(argv)
+    elif argv[0] == "snakemake":
+        check_snakemake(argv)
+    elif argv[0] == "marlflow":
+        check_marlflow(argv)
+    elif argv[0] == "pip":
+        check_pip(argv)
+    elif argv[0] == "tensorboard":  # would start a server
+        options_in_help(argv, [str(BIN / "tensorboard"), "--helpfull"])
+    else:
+        raise AssertionError(f"no rule in tests/test_docs.py for README command `{cmd}`: add one")
+
+
+def test_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= MAX_README_LINES, (
+        f"README.md has {n} lines; keep it <= {MAX_README_LINES} (details go to docs/)"
+    )
+
+
+def test_readme_has_commands_and_only_known_blocks():
+    langs = {lang for lang, _ in FENCE.findall(README.read_text())}
+    assert langs <= {"sh", "text", "python"}, langs  # an unlabelled or other block would escape these checks
+    cmds = readme_commands()
+    assert cmds[:2] == ["make run", "make test"], cmds[:2]  # the quickstart's two commands come first
+    assert len(cmds) >= 8, cmds
+
+
+@pytest.mark.parametrize("cmd", readme_commands())
+def test_readme_command_runs(cmd):
+    check_command(cmd)
+
+
+def test_readme_python_blocks_compile():
+    blocks = readme_blocks("python")
+    assert blocks
+    for body in blocks:
+        compile(body, "README.md", "exec")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(m) for m in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+
+
+def test_links_in_readme_and_docs_resolve():
+    """Every relative link of README.md and docs/*.md names a file that exists, and its #anchor a heading."""
+    bad = []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file, _, anchor = target.partition("#")
+            path = (doc.parent / file).resolve() if file else doc
+            if not path.exists():
+                bad.append(f"{doc.name}: {target}: no such file")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                bad.append(f"{doc.name}: {target}: no heading with that anchor in {path.name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_results_sections_quoted_in_docs_exist():
+    """`benchmarks/RESULTS.md`, "Section" in README.md or docs/ names a heading of RESULTS.md."""
+    headings = [
+        h.lower() for h in re.findall(r"^#+ (.*)$", (ROOT / "benchmarks/RESULTS.md").read_text(), re.M)
+    ]
+    quote = re.compile(r"RESULTS\.md`?,? \(?\"([^\"]+)\"")
+    found, bad = 0, []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for name in quote.findall(doc.read_text()):
+            found += 1
+            if not any(name.lower() in h for h in headings):
+                bad.append(f'{doc.name}: RESULTS.md "{name}" is no section of benchmarks/RESULTS.md')
+    assert found >= 3 and not bad, "\n".join(bad)
+
+
+def test_readme_names_the_shipped_toy_weights():
+    """The README's expectations name the weights they were measured with: the model that ships."""
+    shipped = json.loads((ROOT / "src/marlflow/toy_model/warmstart.json").read_text())["weights_sha256"]
+    assert f"`{shipped[:8]}…`" in README.read_text()

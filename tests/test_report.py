@@ -345,6 +345,162 @@ def test_bad_config_json_is_named(tmp_path, runs):
         build(tmp_path, runs)
 
 
+# ---------------------------------------------------------------------------- findings, figures
+
+
+@pytest.fixture
+def signal_runs(tmp_path) -> list[str]:
+    """Runs with what the findings box reports: a Voting IP run whose aggregator's format failures rise
+    0.09 -> 0.80 and that falls off a cliff, with zero-gradient steps and steps where one role logs no share;
+    Orch-Workers runs whose toy base 0.07 is below the designed band."""
+    return [
+        make_run(tmp_path, "voting-ip-toy-math-s0", [0.3, 0.6, 0.4], {"generator": 0.75, "aggregator": 0.25},
+                 careless=[0.7, 0.2, 0.1], format_failure={"aggregator": [0.09, 0.5, 0.8]}, zero_steps=(3, 4),
+                 share_gaps=(6, 7)),
+        make_run(tmp_path, "voting-sp-toy-math-s0", [0.3, 0.4, 0.45], {"generator": 0.6, "aggregator": 0.4},
+                 careless=[0.7, 0.5, 0.4]),
+        make_run(tmp_path, "orch_workers-sp-toy-math-s0", [0.07, 0.3, 0.5],
+                 {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2}, careless=[0.5, 0.3, 0.2]),
+        make_run(tmp_path, "orch_workers-ip-toy-math-s0", [0.07, 0.2, 0.25],
+                 {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2}, careless=[0.5, 0.5, 0.5]),
+    ]  # fmt: skip
+
+
+def findings_box(page: str) -> str:
+    start = page.index("<section id='findings'")
+    return page[start : page.index("</section>", start)]
+
+
+def test_findings_box(tmp_path, signal_runs):
+    # one run on the model marlflow ships, the others on a rebuilt one (another CPU, another hash)
+    from marlflow.models import SHIPPED_TOY
+
+    rebuilt = tmp_path / "rebuilt-toy"
+    rebuilt.mkdir()
+    (rebuilt / "warmstart.json").write_text(json.dumps({"weights_sha256": "f2d79678" + "0" * 56, "torch": "2.13.0+cpu",
+        "threads": 2, "cpu_model": "AMD EPYC 9R14", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}))  # fmt: skip
+    for i, path in enumerate(signal_runs):
+        cfg_path = Path(path).with_name("config.json")
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update(model=str(SHIPPED_TOY if i == 0 else rebuilt), threads=1)
+        cfg_path.write_text(json.dumps(cfg))
+    page = build(tmp_path, signal_runs)["report.html"].read_text()
+    box = findings_box(page)
+    assert page.index("id='findings'") < page.index("id='provenance'") < page.index("id='runs'")
+    # one seed: the banner says how to get CIs, once, and no table shows n/a
+    assert (
+        "One seed per cell" in box
+        and "<code>snakemake --profile profiles/local --config seeds=[0,1,2]</code>" in box
+    )
+    assert page.count("One seed per cell") == 1 and "<span class='ci'>n/a</span>" not in page
+    for text in (
+        # best and worst cell: base, peak (step), terminal, and that it is one seed
+        "Largest gain (peak - base)</b>: orch_workers-sp toy math: base 0.070, peak 0.500 (step 20), terminal "
+        "0.500 (one seed)",
+        "Smallest terminal gain (terminal - base)</b>: voting-ip toy math: base 0.300, peak 0.600 (step 10), "
+        "terminal 0.400 (one seed)",
+        # SP - IP per workflow x task, with the noise of one pair: 2 sqrt(se_SP^2 + se_IP^2) at the peaks
+        "voting toy math: peak -0.150; terminal (last 3 evals) -0.050; peak IP higher by more than 2 SE of "
+        "evaluation noise (0.099); one seed, so no CI",
+        "orch_workers toy math: peak +0.250",
+        # the cliff with its values and steps, the format-failure rise with its values and steps
+        "1 of 4 runs: voting-ip-toy-math-s0 (0.600 at step 10 -&gt; 0.433 over the last 3 evals, drop 0.200)",
+        "voting-ip-toy-math-s0: the aggregator&#x27;s format-failure rate rises 0.09 (step 0) -&gt; 0.80 (step 20)",
+        # the toy bases below the band
+        "2 of 4 toy bases are outside the designed band [0.15, 0.70] (orch_workers-ip-toy-math-s0 0.070, "
+        "orch_workers-sp-toy-math-s0 0.070)",
+    ):
+        assert text in box, text
+    # provenance: the machine, torch, threads and each toy model's hash, CPU and whether it is the shipped one
+    shipped = json.loads((SHIPPED_TOY / "warmstart.json").read_text())["weights_sha256"]
+    for text in ("CPU (where the report was built)", "torch kernels: ", "torch threads per run (config.json)</td><td>1",
+                 f"weights_sha256 {shipped}, the model marlflow ships",
+                 f"weights_sha256 f2d79678{'0' * 56}, not the shipped model ({shipped[:16]}...)",
+                 "built on AMD EPYC 9R14 (AVX512-BF16, AVX512, AVX2) with torch 2.13.0+cpu, 2 threads",
+                 "toy bases in the designed band [0.15, 0.70]</td><td>2 of 4"):  # fmt: skip
+        assert text in page, text
+    # contrasts.md: the banner, then a row per contrast x cell (2 here) instead of a row per statistic with n/a
+    md = (tmp_path / "tables" / "contrasts.md").read_text()
+    assert md.startswith("One seed per cell") and "n/a" not in md
+    assert len([line for line in md.splitlines() if line.startswith("| sp-ip")]) == 2
+
+
+def test_findings_with_seeds(tmp_path):
+    """Two seeds per cell: no banner, the SP - IP lines carry their 95% CI and which side it favours, the
+    cells their range over seeds, and the .md tables their CIs."""
+    runs = [make_run(tmp_path, f"voting-{sh}-toy-math-s{seed}", acc, {"generator": 0.6, "aggregator": 0.4})
+            for sh, seed, acc in (("sp", 0, [0.3, 0.4, 0.45]), ("ip", 0, [0.3, 0.6, 0.6]),
+                                  ("sp", 1, [0.3, 0.41, 0.45]), ("ip", 1, [0.3, 0.61, 0.6]))]  # fmt: skip
+    page = build(tmp_path, runs)["report.html"].read_text()
+    box = findings_box(page)
+    assert "One seed per cell" not in page and "2 seeds per cell: read differences as indications" in box
+    assert (
+        "voting toy math: peak -0.155 [-0.219, -0.091]: IP higher" in box
+        and "]: IP higher" in box
+        and "(2 seed pairs, 95% CI)" in box
+    )
+    assert (
+        "voting-ip toy math: base 0.300 (0.300-0.300), peak 0.605 (0.600-0.610) (step 10, 10), terminal 0.600 (0.600-0.600) (range over 2 seeds)"
+        in box
+    )
+    md = (tmp_path / "tables" / "contrasts.md").read_text()
+    assert "One seed per cell" not in md and "-0.155 [-0.219, -0.091]" in md
+
+
+def colour_share(png: bytes) -> float:
+    """Share of a PNG's pixels in a saturated colour (data: lines, bands, areas); 0 for a text-only
+    placeholder or empty axes, which are black and grey on white."""
+    import io
+
+    from PIL import Image
+
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
+    return float(((img.max(axis=2) - img.min(axis=2)) > 60).mean())
+
+
+def test_no_blank_figure(tmp_path, signal_runs):
+    from marlflow.analysis.plots import _placeholder, png_bytes
+
+    assert colour_share(png_bytes(_placeholder("no runs with an intervention"))) == 0.0  # the check can fail
+    written = build(tmp_path, signal_runs)
+    page = written["report.html"].read_text()
+    figures = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert [alt for alt, _ in figures] == ["curves.png", "careless_share.png", "grad_dynamics.png",
+                                           "role_share.png"]  # fmt: skip
+    for alt, data in figures:
+        assert colour_share(base64.b64decode(data)) > 0.002, f"{alt} is blank"
+    for name, path in written.items():
+        if name.endswith(".png"):
+            assert colour_share(path.read_bytes()) > 0.002, f"{name} is blank"
+
+
+def test_figure_scales(signal_runs):
+    """grad_dynamics: one log y axis for all panels, zero-gradient steps left out (not drawn near 0);
+    role_share: a step without a role's share is a hatched 'no data' band; careless_share: <= 4 lines a panel."""
+    from marlflow.analysis import load_runs
+    from marlflow.analysis.plots import MAX_LINES, plot_careless_share, plot_grad_norm, plot_role_share
+
+    metrics, _ = load_runs(signal_runs)
+    axes = plot_grad_norm(metrics).axes
+    assert {ax.get_yscale() for ax in axes} == {"log"} and len({ax.get_ylim() for ax in axes}) == 1
+    assert axes[0].get_ylim()[0] > 0.5  # not stretched down to a zero step plotted at a tiny value
+    ip = next(ax for ax in axes if ax.get_title() == "voting-ip-toy-math-s0")
+    for line in ip.lines:
+        x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        assert np.isnan(y[np.isin(x, [3, 4])]).all() and (y[~np.isin(x, [3, 4])] > 0).all()
+    assert any("2 zero-gradient role-steps" in t.get_text() or "4 zero-gradient role-steps" in t.get_text()
+               for t in ip.texts)  # fmt: skip
+    fig = plot_role_share(metrics)
+    ip = next(ax for ax in fig.axes if ax.get_title() == "voting-ip-toy-math-s0")
+    hatched = [c for c in ip.collections if c.get_hatch() == "///"]
+    assert len(hatched) == 1 and hatched[0].get_paths()[0].vertices[:, 1].max() > 0.5  # the generator's 0.75
+    assert "no data" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert all(ax.get_ylim() == (0.0, 1.0) for ax in fig.axes)
+    fig = plot_careless_share(metrics)
+    assert [ax.get_title() for ax in fig.axes] == ["voting / math", "orch_workers / math"]
+    assert all(0 < len(ax.lines) <= MAX_LINES for ax in fig.axes)
+
+
 # ---------------------------------------------------------------------------- headless Chromium
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -577,7 +577,8 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
     if len(per_cell) and one_seed(s):
         head = f"<p class='banner'>{code_spans(ONE_SEED_BANNER)}</p>"
     elif len(per_cell) and per_cell.min() < 5:
-        head = (f"<p class='banner'>{per_cell.min()}-{per_cell.max()} seeds per cell: read differences as "
+        k, n = int(per_cell.min()), int(per_cell.max())
+        head = (f"<p class='banner'>{k if k == n else f'{k}-{n}'} seeds per cell: read differences as "
                 "indications; intervals over so few seeds are wide.</p>")  # fmt: skip
     else:
         head = ""

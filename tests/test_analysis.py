@@ -165,7 +165,7 @@ def test_cliff_boundary_uses_tolerance():
 
 
 def test_cliff_needs_more_than_noise():
-    # the README's old cliffs: 0.885 at step 20, 0.83 at 40, n = 200, 5 evals: within the noise now
+    # docs/results.md's old cliffs (session 2's table): 0.885 at step 20, 0.83 at 40, n = 200, 5 evals: within the noise now
     acc = [0.31, 0.80, 0.885, 0.86, 0.83]
     s = summarize_runs(pd.DataFrame(eval_rows(SINGLE, [0, 10, 20, 30, 40], acc, n_eval=200))).iloc[0]
     assert not s["cliff"] and s["drop"] == pytest.approx(0.885 - (0.86 + 0.83) / 2)

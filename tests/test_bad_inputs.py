@@ -1,4 +1,4 @@
-"""Bad input: one test per row of the README's "Bad input" table.
+"""Bad input: one test per row of the bad-input table in docs/reference.md ("Reliability").
 
 Each bad input must give an error that names the problem and the fix (one line, no traceback, a non-zero
 exit code), or a documented, counted handling, and nothing already written may be lost. Matrix-file rows

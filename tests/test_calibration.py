@@ -152,8 +152,8 @@ def test_capture_tests_on_edge_inputs():
 
 
 def test_stagnation_is_what_a_flat_run_gets_and_a_real_gain_mostly_avoids(flag_sim):
-    """Stagnation is the right call on a flat curve and a lack of power on a small real gain; the README
-    states how often a true gain is still called stagnation, from this simulation."""
+    """Stagnation is the right call on a flat curve and a lack of power on a small real gain;
+    docs/reference.md states how often a true gain is still called stagnation, from this simulation."""
     g = flag_sim.gain_flag_rates(RUNS).set_index(["n", "k", "p", "gain"])
     assert (g.xs(0.0, level="gain").stagnation >= 0.95).all()
     at200 = g.xs(200, level="n")

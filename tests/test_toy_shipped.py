@@ -19,7 +19,7 @@ def test_shipped_weights_match_their_warmstart_json():
     info = models.check_shipped_toy()  # raises on a hash mismatch or stale sources
     assert models.folder_weights_sha256(models.SHIPPED_TOY) == info["weights_sha256"]
     assert info["version"] == toybuild.toy_version()
-    # The build's provenance, as the README quotes it.
+    # The build's provenance, as docs/results.md quotes it.
     assert info["seed"] == 0 and info["threads"] == toybuild.THREADS and info["torch"] and info["cpu_model"]
     assert (info["steps"], info["solve_steps"], info["batch_size"], info["lr"]) == (
         toybuild.STEPS, toybuild.SOLVE_STEPS, toybuild.BATCH_SIZE, toybuild.LR)  # fmt: skip

@@ -1,7 +1,8 @@
-"""Every rule and threshold the analysis uses, and their text (shown in report.html; the README copies it).
+"""Every rule and threshold the analysis uses, and their text (shown in report.html; docs/reference.md
+copies it).
 
-Numbers live here so that code, report and README cannot disagree. The estimators that apply them are in
-`marlflow.analysis.stats` (cliff / collapse / stagnation tests, seed CIs); the capture marker test is
+Numbers live here so that code, report and docs/reference.md cannot disagree. The estimators that apply them
+are in `marlflow.analysis.stats` (cliff / collapse / stagnation tests, seed CIs); the capture marker test is
 `solution_marker` below.
 
 Why the cliff test looks the way it does (tests/test_calibration.py checks it by simulation): taking the
@@ -141,8 +142,8 @@ evaluator vs generator, orch_workers orchestrator vs worker; single: never), com
       For (b) and (c), SE is the two-proportion test's under "no change": pooled share q = (x0 + x1 + 1) /
       (n0 + n1 + 2) (Laplace-smoothed), SE = sqrt(q (1 - q) (1/n0 + 1/n1)), n = the role's eval calls.
       Z_CAPTURE = Phi^-1(1 - alpha/3) = 2.22: each rule at alpha/3, so a role whose behaviour does not change
-      is flagged with probability <= alpha = 4% (union bound; simulated false-capture rates in the README,
-      tests/test_calibration.py). solution_marker_share is computed in
+      is flagged with probability <= alpha = 4% (union bound; simulated false-capture rates in
+      docs/reference.md, tests/test_calibration.py). solution_marker_share is computed in
       evaluate() over all of the role's eval calls: the share of outputs with a code fence or a \\boxed{...}
       that is not the role's own valid answer (voting: \\boxed{N}; eval_opt: \\boxed{Correct/Incorrect};
       orch_workers: none, every \\boxed{} is a solution).

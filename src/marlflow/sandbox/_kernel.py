@@ -182,7 +182,8 @@ def _build_view(base: str, roots: list[str], devices: list[str]) -> str | None:
         return None
     try:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-        _mount("tmpfs", base, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+        hard = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        _mount("tmpfs", base, "tmpfs", hard, "mode=0755,size=1m")
         done: list[str] = []
         for src in sorted(roots) + devices:
             if any((src + "/").startswith(d + "/") for d in done):
@@ -197,8 +198,12 @@ def _build_view(base: str, roots: list[str], devices: list[str]) -> str | None:
             keep = _statvfs_flags(src)
             _mount(None, dst, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | keep, None)
             done.append(src)
-        os.mkdir(base + "/w", 0o711)
-        _mount(None, base, None, _MS_REMOUNT | _MS_NOSUID | _MS_NODEV, "mode=0755")
+        # The view itself is read-only; `w/` is its own tmpfs, mode --x for all: this process (which keeps
+        # its capabilities) makes each job's folder there, a candidate (none) can neither list it nor leave
+        # anything in it for the next job, even where it keeps uid 0.
+        os.mkdir(base + "/w")
+        _mount("tmpfs", base + "/w", "tmpfs", hard, "mode=0111")
+        _mount(None, base, None, _MS_REMOUNT | _MS_RDONLY | hard, "mode=0755,size=1m")
         return base + "/w"
     except OSError:
         return None

@@ -7,9 +7,17 @@ it sends back each return value in a strict encoding (exact builtin types, no su
 the pool keeps the expected values and compares: an object whose `==` always says yes, a patched harness
 or builtins, a frame walk into the harness: none of them can reach the comparison.
 
-- Function-call tests: asserts are converted to (call, expected) pairs by an AST pass (`_convert`).
-  Tests of other shapes (loops, helpers, random inputs) run in a separate judge process forked after the
-  candidate, which calls the candidate's functions over a pipe; only the judge can write its verdict.
+- Function-call tests: asserts are converted to (call, expected) pairs by an AST pass (`_convert`);
+  builtins wrapped around a call (`sum(f(x))`, `set(...)`) are applied in the candidate's process, under
+  its limits. Tests of other shapes (loops, helpers, random inputs) run in a separate judge process forked
+  after the candidate, which calls the candidate's functions over a pipe; only the judge can write its
+  verdict. A name the tests define (helper, constant) is always the tests', never the program's. In the
+  judge, arguments and return values share identities (`_result.Shared`): an argument the program
+  mutates is mutated in the tests' own object, `f(a) is a` holds exactly when it would in plain Python,
+  and an exception of a builtin type reaches the tests as that type (`except ValueError` works).
+- The caller (the trainer's process) does bounded work per job: untrusted records are size- and
+  bracket-counted before they are parsed, dicts/sets whose keys share hashes are refused before they
+  are built, and any failure while judging one job becomes that job's `error` verdict.
 - stdin/stdout tests: the whole stdout is compared by the caller, up to STDOUT_LIMIT (4 MiB); a program
   that prints more gets `output_limit`, never `passed`.
 - Layers, strongest first (each one the kernel refuses is skipped, the rest still hold; without Landlock
@@ -19,18 +27,23 @@ or builtins, a frame walk into the harness: none of them can reach the compariso
   sockets, ctypes and private modules (also under another name), frame/gc introspection, directory fds
   and chdir outside the working dir, and writes outside it.
 
-Statuses: passed, failed, timeout, memory, crashed, syntax_error, output_limit. Limits are validated
-(timeout finite, 0 < t <= 600 s; memory 1..262144 MiB) and cannot be switched off.
+Statuses: passed, failed, timeout, memory, crashed, syntax_error, output_limit, error (the job could not
+be judged: tests that do not compile or nest too deeply, an answer over the decoding budget, a failure
+of the caller's own code; `detail` says which). Limits are validated (timeout finite, 0 < t <= 600 s;
+memory 1..262144 MiB; anything else, 10**400 and inf included, is a ValueError) and cannot be switched
+off. Empty tests (blank, comments or docstrings only; stdio/call tests with no case) are a ValueError.
 
-Python API (the trainer calls `verify_many` every step; identical jobs are cached):
+Python API (the trainer calls `verify_many` every step; identical jobs are cached when their verdict is
+reproducible: no randomness or clock in program or tests, status passed/failed/syntax_error):
 
     from marlflow.sandbox import verify_many
     results = verify_many([(code, tests), (code2, "", stdin, expected)], timeout=5, memory_mb=1024)
 
-Command line (prints one JSON object; exit 0 whatever the verdict, 2 with a JSON error for bad input):
+Command line (prints one JSON line in every case; exit 0 whatever the verdict, 2 with a JSON error for
+bad input, 1 if the command itself fails):
 
     python -m marlflow.sandbox --code sol.py [--tests tests.py] [--stdin in.txt --expect out.txt]
-        [--timeout 5] [--memory-mb 1024]
+        [--entry-point NAME] [--timeout 5] [--memory-mb 1024]
 
 Module order matters: `_result` (constants, encoding) and `_kernel` have no side effects beyond probing
 Landlock; `_guard` snapshots modules and builtins at import, before `_child`, `_supervisor` (the worker

@@ -1,5 +1,8 @@
-"""Command line: one job, one JSON object on stdout. Exit 0 whatever the verdict; bad arguments or
-unreadable files give a one-line JSON error on stdout and exit 2, never a traceback."""
+"""Command line: one job, one JSON object on stdout, in every case. Exit 0 whatever the verdict (an
+`error` verdict included: a job the sandbox could not judge); bad arguments, unreadable files or a
+malformed job (empty tests, limits out of range) give a one-line JSON error (`status: usage_error`) and
+exit 2; an unexpected failure of this command itself gives one JSON line with `status: error` and exit 1.
+Never a traceback."""
 
 from __future__ import annotations
 
@@ -74,6 +77,11 @@ def main(argv=None) -> int:
         help=f"wall-clock seconds, 0 < t <= {MAX_TIMEOUT:g} (default 5)",
     )
     ap.add_argument("--memory-mb", type=_mib, default=1024, help="address-space limit in MiB (default 1024)")
+    ap.add_argument(
+        "--entry-point",
+        help="the program's function the tests call (as HumanEval's check(candidate)); other names the "
+        "tests call are then never the program's",
+    )
     try:
         a = ap.parse_args(argv)
         if a.tests is None and a.stdin is None and a.expect is None:
@@ -84,10 +92,16 @@ def main(argv=None) -> int:
         stdin = _read(a.stdin, "--stdin") if a.stdin else None
         stdio = a.stdin is not None or a.expect is not None
         expect = (_read(a.expect, "--expect") if a.expect else "") if stdio else None
-    except _UsageError as e:
+        if a.entry_point is not None and not a.entry_point.isidentifier():
+            raise _UsageError(f"--entry-point must be a Python identifier, got {a.entry_point!r}")
+        r = run_local(code, tests, stdin if stdio else None, expect, a.timeout, a.memory_mb, a.entry_point)
+    except (_UsageError, ValueError, TypeError) as e:
         return _fail(str(e))
-    except ValueError as e:
-        return _fail(str(e))
-    r = run_local(code, tests, stdin if stdio else None, expect, a.timeout, a.memory_mb)
+    except BaseException as e:  # noqa: BLE001 - one JSON line in every case, even for our own bug
+        sys.stdout.write(
+            json.dumps({"status": "error", "passed": False, "error": f"{type(e).__name__}: {e}"[:1000]})
+            + "\n"
+        )
+        return 1
     sys.stdout.write(json.dumps(r.to_dict()) + "\n")
     return 0

@@ -50,6 +50,16 @@ class SandboxResult:
     seconds: float = 0.0
     detail: str = ""
 
+    def __post_init__(self):
+        # Text from the program (an exception message with a lone surrogate) must not make printing or
+        # writing a verdict fail: unencodable characters become "?".
+        for name in ("stdout", "stderr", "detail"):
+            text = getattr(self, name)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                object.__setattr__(self, name, text.encode("utf-8", "replace").decode("utf-8"))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -103,11 +113,11 @@ def show(v, limit: int = 200) -> str:
 
 
 def signal_name(n) -> str:
-    """SIGKILL for 9; `signal 34` for a number the signal module has no name for (real-time signals)."""
+    """SIGKILL for 9; the number itself for one the signal module has no name for (most real-time ones)."""
     try:
         return signal.Signals(n).name
     except (ValueError, TypeError):
-        return f"signal {show(n, 20)}"
+        return show(n, 20)
 
 
 # Builtins a converted assert may wrap around a call (`assert sorted(f(x)) == [...]`). They are applied in

@@ -333,7 +333,7 @@ def _verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult
             return result("memory", f"{cinfo.get('type')} in a call")
         jerr = _err(v.split("\n"))
         if jerr and jerr.get("stage") in ("judge-setup", "tests-compile", "prelude"):
-            return result("crashed", _describe(jerr))
+            return result("error", "the tests could not be run: " + _describe(jerr))
         if jsig:
             return result("crashed", f"judge killed by signal {signal_name(jsig)}")
         return result("failed", _describe(jerr) if jerr else f"the tests did not complete (exit {code})")

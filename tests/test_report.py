@@ -400,11 +400,11 @@ def test_findings_box(tmp_path, signal_runs):
         "Smallest terminal gain (terminal - base)</b>: voting-ip toy math: base 0.300, peak 0.600 (step 10), "
         "terminal 0.400 (one seed)",
         # SP - IP per workflow x task, with the noise of one pair: 2 sqrt(se_SP^2 + se_IP^2) at the peaks
-        "voting toy math: peak -0.150; terminal (last 3 evals) -0.050; peak IP higher by more than 2 SE of "
-        "evaluation noise (0.099); one seed, so no CI",
-        "orch_workers toy math: peak +0.250",
+        "one seed pair each, so no CI; eval noise: 2 x the SE of the two peak evaluations",
+        "voting toy math: peak -0.150, terminal -0.050: IP peak higher by more than the eval noise (0.099)",
+        "orch_workers toy math: peak +0.250, terminal +0.117: SP peak higher",
         # the cliff with its values and steps, the format-failure rise with its values and steps
-        "1 of 4 runs: voting-ip-toy-math-s0 (0.600 at step 10 -&gt; 0.433 over the last 3 evals, drop 0.200)",
+        "1 of 4 runs: voting-ip-toy-math-s0 (0.600 at step 10 -&gt; 0.433 over the last 3 evals)",
         "voting-ip-toy-math-s0: the aggregator&#x27;s format-failure rate rises 0.09 (step 0) -&gt; 0.80 (step 20)",
         # the toy bases below the band
         "2 of 4 toy bases are outside the designed band [0.15, 0.70] (orch_workers-ip-toy-math-s0 0.070, "
@@ -437,7 +437,7 @@ def test_findings_with_seeds(tmp_path):
     assert (
         "voting toy math: peak -0.155 [-0.219, -0.091]: IP higher" in box
         and "]: IP higher" in box
-        and "(2 seed pairs, 95% CI)" in box
+        and "(2 seed pairs)" in box
     )
     assert (
         "voting-ip toy math: base 0.300 (0.300-0.300), peak 0.605 (0.600-0.610) (step 10, 10), terminal 0.600 (0.600-0.600) (range over 2 seeds)"
@@ -529,9 +529,9 @@ def chromium() -> str:
     pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
 
 
-def run_chromium(exe: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+def run_chromium(exe: str, args: list[str], tmp: Path, height: int = HEIGHT) -> subprocess.CompletedProcess:
     cmd = [exe, "--headless=new", "--disable-gpu", "--no-sandbox", "--hide-scrollbars", "--no-first-run",
-           f"--user-data-dir={tmp / 'chromium-profile'}", f"--window-size={WIDTH},{HEIGHT}",
+           f"--user-data-dir={tmp / 'chromium-profile'}", f"--window-size={WIDTH},{height}",
            "--virtual-time-budget=3000", *args]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, f"chromium failed ({r.returncode}): {r.stderr[-2000:]}"
@@ -580,3 +580,37 @@ def test_pages_in_headless_chromium(tmp_path, source, request):
             assert t["sw"] <= t["box"] <= check["W"] and t["right"] <= check["W"], (key, t, check["W"])
         variance = screenshot_variance(exe, html_file, shots, tmp_path)
         assert variance > 20, f"{key}: the screenshot is nearly uniform (pixel std {variance:.1f})"
+
+
+FIRST_SCREEN = 800  # a 1280 x 800 window: what a reader sees before scrolling
+
+
+def findings_rows(exe: str, html_file: Path, shot: Path, tmp: Path) -> np.ndarray:
+    """Screenshot the page's first screen; the pixel rows at least 30% filled with the findings box's
+    background colour (report.FINDINGS_BG, used by nothing else on the page)."""
+    from PIL import Image
+
+    run_chromium(exe, [f"--screenshot={shot}", html_file.as_uri()], tmp, height=FIRST_SCREEN)
+    img = np.asarray(Image.open(shot).convert("RGB"), dtype=int)
+    assert img.shape == (FIRST_SCREEN, WIDTH, 3)
+    bg = np.array([int(report.FINDINGS_BG[i : i + 2], 16) for i in (1, 3, 5)])
+    return np.flatnonzero((np.abs(img - bg).max(axis=2) <= 2).mean(axis=1) >= 0.3)
+
+
+@pytest.mark.slow
+def test_findings_in_first_screen(tmp_path, signal_runs):
+    """At 1280 x 800 the findings box starts near the top and ends on the first screen; the same check on a
+    copy with the box moved below the provenance table fails (so it can)."""
+    exe = chromium()
+    html_file = build(tmp_path, signal_runs)["report.html"]
+    shots = Path(os.environ.get("MARLFLOW_REPORT_SHOTS", tmp_path / "shots")) / "first_screen"
+    shots.mkdir(parents=True, exist_ok=True)
+    rows = findings_rows(exe, html_file, shots / "report.png", tmp_path)
+    assert len(rows) >= 150, f"the findings box fills {len(rows)} rows of the first screen"
+    assert rows[0] < 200 and rows[-1] < FIRST_SCREEN - 5, (rows[0], rows[-1])  # starts high, ends on screen
+    page = html_file.read_text()
+    box = page[page.index("<section id='findings'") : page.index("</section>") + len("</section>")]
+    moved = html_file.with_name("moved.html")
+    moved.write_text(page.replace(box, "").replace("<h2 id='runs'>", box + "<h2 id='runs'>"))
+    rows = findings_rows(exe, moved, shots / "moved.png", tmp_path)
+    assert not (len(rows) >= 150 and rows[0] < 200), "the check does not see a box moved below provenance"

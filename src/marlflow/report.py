@@ -101,6 +101,7 @@ PACKAGES = ["marlflow", "torch", "transformers", "trl", "peft", "accelerate", "v
             "matplotlib"]  # fmt: skip
 TRANSCRIPT_CHARS = 4000  # longer prompts/outputs are cut (the full text stays in samples.parquet)
 
+FINDINGS_BG = "#fff3cd"  # the findings box's background, used by no other element: tests find the box by it
 STYLE = """
 *{box-sizing:border-box}
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;padding:1em 2em;
@@ -126,10 +127,11 @@ details{margin:.3em 0}summary{cursor:pointer}
 .kv td:first-child{font-weight:600;background:#f6f6f6;white-space:nowrap}
 .ci{color:#666;font-size:11px;white-space:nowrap}
 .supported{color:#1b7f3b;font-weight:600}.contradicted{color:#b00020;font-weight:600}
-.findings{background:#fff3cd;border:2px solid #d9a520;border-radius:6px;padding:.5em 1.2em .7em;margin:.6em 0 1.2em}
+.findings{background:FINDINGS_BG;border:2px solid #d9a520;border-radius:6px;padding:.5em 1.2em .7em;
+  margin:.6em 0 1.2em}
 .findings h2{margin:.2em 0 .3em;border:0}.findings ul{margin:.2em 0;padding-left:1.2em}.findings li{margin:.25em 0}
 .banner{font-weight:600;color:#6b4700;margin:.2em 0 .4em}.warn{color:#b00020;font-weight:600}
-"""
+""".replace("FINDINGS_BG", FINDINGS_BG)
 
 
 def outputs(
@@ -406,7 +408,6 @@ def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------- findings
 
-FINDINGS_BG = (0xFF, 0xF3, 0xCD)  # .findings background (STYLE): tests/test_report.py finds the box by it
 SHOWN = 4  # most runs or cells named per finding; the full lists are in the sections below
 
 
@@ -469,7 +470,7 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
             continue
         pairs = int(by["peak"]["n_pairs"])
         parts = []
-        for stat, name in (("peak", "peak"), ("terminal_mean3", "terminal (last 3 evals)")):
+        for stat, name in (("peak", "peak"), ("terminal_mean3", "terminal")):
             r = by.get(stat)
             if r is None or _missing(r["mean"]):
                 continue
@@ -481,7 +482,7 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
             parts.append(text)
         label = cell_label(cell, sharing=False)
         if pairs >= 2:
-            out.append(f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs, 95% CI)")
+            out.append(f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs)")
             continue
         same = (
             summary[["workflow", "scale", "task", "intervention"]] == [key[0], key[2], key[3], key[4]]
@@ -491,13 +492,13 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
         side = float(by["peak"]["mean"])
         if math.isfinite(noise):
             verdict = (
-                f"within evaluation noise (+-{noise:.3f}, 2 SE)"
+                f"peaks within eval noise ({noise:.3f})"
                 if abs(side) <= noise
-                else f"{'SP' if side > 0 else 'IP'} higher by more than 2 SE of evaluation noise ({noise:.3f})"
+                else f"{'SP' if side > 0 else 'IP'} peak higher by more than the eval noise ({noise:.3f})"
             )
         else:
-            verdict = "evaluation noise unknown (no se for exactly one SP and one IP run)"
-        out.append(f"{esc(label)}: {esc('; '.join(parts))}; peak {esc(verdict)}; one seed, so no CI")
+            verdict = "eval noise unknown (no se for exactly one SP and one IP run)"
+        out.append(f"{esc(label)}: {esc(', '.join(parts))}: {esc(verdict)}")
     return out or ["no cell has both an SP and an IP run"]
 
 
@@ -509,7 +510,7 @@ def cliff_lines(summary: pd.DataFrame) -> str:
         return f"no terminal cliff in {len(s)} runs"
     shown = [
         f"{r['run_id']} ({float(r['peak']):.3f} at step {int(r['peak_step'])} -> {float(r['terminal_mean3']):.3f}"
-        f" over the last 3 evals, drop {float(r['drop']):.3f})"
+        f" over the last 3 evals)"
         for r in cl.head(SHOWN).to_dict("records")
     ]
     more = f" and {len(cl) - SHOWN} more" if len(cl) > SHOWN else ""
@@ -563,8 +564,8 @@ def band_warning(summary: pd.DataFrame) -> str | None:
     runs = [f"{r['run_id']} {float(r['base']):.3f}" for r in out.to_dict("records")]
     return (
         f"{len(out)} of {len(toy)} toy bases are outside the designed band [{lo:.2f}, {hi:.2f}] ({_more(runs)}): "
-        "this toy model or machine differs from the one the documented results come from (see the toy model's "
-        "weights hash and CPU under Provenance), so expect other numbers than the README's."
+        "the toy model or machine is not the one the README's numbers come from (weights hash and CPU under "
+        "Provenance); expect other numbers."
     )
 
 
@@ -587,8 +588,15 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
         items.append(f"<li class='warn'>{esc(warn)}</li>")
     items += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in best_worst(summary)]
     sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
+    how = (
+        "one seed pair each, so no CI; eval noise: 2 x the SE of the two peak evaluations"
+        if one_seed(s)
+        else "mean over seed pairs [95% CI]"
+    )
     items.append(
-        "<li><b>SP - IP</b> (seed-paired):<ul>" + "".join(f"<li>{x}</li>" for x in sp_ip) + "</ul></li>"
+        f"<li><b>SP - IP</b> (peak and terminal = mean of the last 3 evals; {how}):<ul>"
+        + "".join(f"<li>{x}</li>" for x in sp_ip)
+        + "</ul></li>"
     )
     items.append(f"<li><b>Terminal cliffs</b>: {esc(cliff_lines(summary))}</li>")
     fails = failure_lines(tables["failures"], metrics)

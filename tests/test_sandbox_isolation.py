@@ -12,9 +12,11 @@ from __future__ import annotations
 import _bisect
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from test_sandbox_hostile import _descendants
@@ -203,22 +205,28 @@ def test_verify_many_and_the_command_line_refuse_native_code_and_outside_metadat
 
 def test_the_pid_namespace_kills_what_its_first_process_leaves_behind():
     """The kernel layer alone (no seccomp, no hook): the first process of a new PID namespace forks a
-    grandchild that holds a pipe open and exits; the kernel must kill the grandchild with it."""
+    grandchild that holds a pipe open and exits; the kernel must kill the grandchild with it. A helper
+    process does it (in a user namespace of its own where this test is not root, as the worker does)."""
     r, w = os.pipe()
-    pid = _kernel._fork_isolated()
-    assert pid != -1, "this machine refuses PID namespaces: see docs/sandbox.md"
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        if os.fork() == 0:
-            os.setsid()
-            import time
-
-            time.sleep(30)
-        os._exit(0)
+    helper = os.fork()
+    if helper == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            if os.geteuid() != 0:
+                _kernel._libc.unshare(_kernel._CLONE_NEWUSER)
+            pid = _kernel._fork_isolated()
+            if pid == 0:
+                if os.fork() == 0:
+                    os.setsid()
+                    time.sleep(30)
+                os._exit(0)
+            os.close(w)
+            os._exit(3 if pid < 0 else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        finally:
+            os._exit(4)
     os.close(w)
-    os.waitpid(pid, 0)
-    import select
-
+    code = os.waitstatus_to_exitcode(os.waitpid(helper, 0)[1])
+    assert code == 0, "this machine refuses PID namespaces: see docs/sandbox.md"
     assert select.select([r], [], [], 5)[0], "a process outlived the namespace's first process"
     assert os.read(r, 1) == b""
     os.close(r)

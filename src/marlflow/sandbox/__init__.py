@@ -20,12 +20,17 @@ or builtins, a frame walk into the harness: none of them can reach the compariso
   are built, and any failure while judging one job becomes that job's `error` verdict.
 - stdin/stdout tests: the whole stdout is compared by the caller, up to STDOUT_LIMIT (4 MiB); a program
   that prints more gets `output_limit`, never `passed`.
-- Layers, strongest first (each one the kernel refuses is skipped, the rest still hold; without Landlock
-  the pool says so loudly once at start): a network namespace; uid 65534 when run as root; Landlock
-  (read-only Python install, read-write working dir, no execve, no TCP, scoped signals); no_new_privs;
-  rlimits; a subreaper that kills escaped descendants; an audit hook (`_guard`) refusing processes,
-  sockets, ctypes and private modules (also under another name), frame/gc introspection, directory fds
-  and chdir outside the working dir, and writes outside it.
+- Layers (docs/sandbox.md has which hold in which deployment, and how to run each): the candidate is
+  PID 1 of its own PID, mount and IPC namespaces (its death kills everything it started; it cannot name
+  any other process) and chroots into a read-only view holding only the Python install, three devices
+  and its working dir (a noexec, size-capped tmpfs), so nothing else can be opened, stat'ed or listed; a
+  network namespace; a seccomp filter (no memfd/SysV/POSIX shared memory, no exec, no fork, no changing
+  any scheduling, no new namespaces, no ptrace); uid 65534 when run as root, every capability dropped;
+  Landlock where the kernel has it (no execve, no TCP, scoped signals); no_new_privs; rlimits; an audit
+  hook (`_guard`) refusing processes, sockets, ctypes and private modules, extension modules from outside
+  the Python install, frame/gc introspection, directory fds and chdir outside the working dir, and writes
+  outside it. Where the kernel refuses the namespaces or seccomp, the pool refuses to run programs
+  (RuntimeError at start) unless MARLFLOW_SANDBOX_ALLOW_WEAK=1; without Landlock it warns.
 
 Statuses: passed, failed, timeout, memory, crashed, syntax_error, output_limit, error (the job could not
 be judged: tests that do not compile or nest too deeply, an answer over the decoding budget, a failure

@@ -31,9 +31,9 @@ def _warn_no_landlock(info: dict) -> None:
     _WARNED.append(True)
     sys.stderr.write(
         "\n" + "!" * 100 + "\nmarlflow.sandbox: WARNING: this kernel has no Landlock (Linux >= 5.13 with "
-        "landlock in the LSM list). Untrusted programs are contained\nby the audit hook, rlimits, the network "
-        "namespace and the uid/capability drop only: file, exec and signal access is NOT\nenforced by the "
-        "kernel. Run on a kernel with Landlock for the full sandbox.\n" + "!" * 100 + "\n"
+        "landlock in the LSM list). Untrusted programs are contained\nby the read-only view, the PID, mount and "
+        "network namespaces, seccomp and the uid/capability drop, without Landlock's\nsecond check on files, "
+        "exec, TCP and signals (docs/sandbox.md).\n" + "!" * 100 + "\n"
     )
     sys.stderr.flush()
 

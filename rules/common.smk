@@ -8,6 +8,7 @@ from marlflow.matrix import (
     ALIASES,
     AXES,
     MatrixError,
+    check_config_keys,
     check_run_ids,
     jobs_use_this_python,
     run_sheet,
@@ -21,6 +22,8 @@ def _load_sheet():
     # Axis restrictions from --config (e.g. workflows=[voting] tasks=[math]) narrow the preset.
     overrides = {k: config[k] for k in (*AXES, *ALIASES) if k in config}
     try:
+        # A typo (wrkflows=, learning_rate=) would otherwise be ignored in silence.
+        check_config_keys(config)
         sheet = run_sheet(config["matrix"], config.get("preset"), overrides)
         check_run_ids(config["matrix"])  # one run id, one run, across every preset
         return sheet
@@ -31,6 +34,34 @@ def _load_sheet():
         sys.exit(2)
 
 
+def _refuse_placeholder_resources():
+    # profiles/slurm ships `slurm_account: CHANGE_ME`: sbatch would refuse every job, one by one, after
+    # Snakemake had planned and started submitting. Refused here, before any job, with where to set it.
+    rs = workflow.resource_settings
+    found = [(None, n, r) for n, r in (rs.default_resources or {}).items()]
+    found += [
+        (rname, n, r)
+        for rname, m in rs.overwrite_resources.items()
+        for n, r in m.items()
+    ]
+    for rname, name, res in found:
+        if str(getattr(res, "raw", "")).strip("'\"") != "CHANGE_ME":
+            continue
+        where = (
+            f"set-resources: {rname}: {name}" if rname else f"default-resources: {name}"
+        )
+        print(
+            f"error: resource {name} is CHANGE_ME, the placeholder in profiles/slurm/config.yaml ({where}); "
+            f"set your SLURM account there, or in a copy of the profile (`sacctmgr show assoc user=$USER "
+            f"format=account` lists yours). A cluster without accounting: drop {name} and add "
+            "`slurm-no-account: true`. Nothing was submitted.",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        sys.exit(2)
+
+
+_refuse_placeholder_resources()
 SHEET = _load_sheet()
 
 

@@ -202,6 +202,10 @@ def test_scale_resources_runtimes_come_from_the_planner(capsys):
         assert r["runtime"] <= plan.JOB_LIMIT_MIN and r["submissions"] >= 1, (scale, r)
 
 
+# The shipped profile's slurm_account is the placeholder CHANGE_ME, refused before planning (tests/test_traps.py).
+ACCOUNT = ("--default-resources", "slurm_account=myacct", "slurm_partition=gpu")
+
+
 def _snakemake(*args):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([str(BIN / "snakemake"), *args], cwd=ROOT, capture_output=True, text=True, env=env,
@@ -212,8 +216,8 @@ def _snakemake(*args):
 def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
     small = tmp_path / "small_gpus.yaml"
     small.write_text("scale_resources:\n  4b: {gpu_mem_gb: 40}\n")
-    out = _snakemake("-n", "--profile", "profiles/slurm", "--configfile", "profiles/slurm/scale_resources.yaml",
-                     str(small))  # fmt: skip
+    out = _snakemake("-n", "--profile", "profiles/slurm", *ACCOUNT, "--configfile",
+                     "profiles/slurm/scale_resources.yaml", str(small))  # fmt: skip
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     err = out.stderr
     assert "error: run " in err and "-4b-" in err and "40 GB" in err and "planner prediction" in err
@@ -221,5 +225,5 @@ def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
     assert any(
         k in err for k in ("max_chunk_tokens", "vllm_gpu_memory_utilization", "gradient_checkpointing")
     )
-    ok = _snakemake("-n", "--profile", "profiles/slurm")  # the real profile: every paper cell fits
+    ok = _snakemake("-n", "--profile", "profiles/slurm", *ACCOUNT)  # the real profile: every paper cell fits
     assert ok.returncode == 0 and "Traceback" not in ok.stderr, ok.stderr[-2000:]

@@ -44,7 +44,9 @@ def test_slurm_profile_from_the_repository_root_plans_the_paper_matrix():
     """The exact command users are told to type: `--profile slurm` finds ./slurm -> profiles/slurm."""
     link = ROOT / "slurm"
     assert link.is_symlink() and os.readlink(link) == "profiles/slurm"
-    out = snakemake("--profile", "slurm", "-n", "--forceall", "--config", "preset=paper")
+    # slurm_account: the shipped CHANGE_ME is refused before planning (tests/test_traps.py)
+    out = snakemake("--profile", "slurm", "-n", "--forceall", "--default-resources", "slurm_account=myacct",
+                    "slurm_partition=gpu", "--config", "preset=paper")  # fmt: skip
     table = out.stdout.split("Job stats:")[1].split("total")[0]
     counts = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
     assert counts["train"] == 42 and counts["models"] == 3

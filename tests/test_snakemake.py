@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,13 @@ def test_config_restricts_axes():
     assert job_counts(out.stdout)["train"] == 2
 
 
-def test_slurm_profile_plans_paper_with_gpus_per_scale():
-    out = snakemake("-n", "--profile", "profiles/slurm")
+def test_slurm_profile_plans_paper_with_gpus_per_scale(tmp_path):
+    # the shipped profile's slurm_account is CHANGE_ME, which is refused (tests/test_traps.py): a user's copy
+    profile = tmp_path / "slurm"
+    shutil.copytree(ROOT / "profiles" / "slurm", profile)
+    conf = profile / "config.yaml"
+    conf.write_text(conf.read_text().replace("slurm_account: CHANGE_ME", "slurm_account: myacct"))
+    out = snakemake("-n", "--profile", str(profile))
     assert job_counts(out.stdout)["train"] == 42
     train_jobs = [b for b in out.stdout.split("rule ")[1:] if b.startswith("train:")]
     assert len(train_jobs) == 42

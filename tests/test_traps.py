@@ -7,9 +7,13 @@ The eval budget traps are in tests/test_cli.py (they reuse its trained run).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -56,3 +60,75 @@ def test_adapters_name_the_base_relative_to_the_root_and_load_in_another_copy(
         front = text.split("---\n")[1]
         assert 'base_model: "results/models/toy"' in front.splitlines(), front
         assert str(tmp_path) not in text  # no absolute folder of either clone
+
+
+# ---------------------------------------------------------------- config keys and the SLURM account
+
+
+def marlflow(*args, cwd=ROOT):
+    """The `marlflow` console script (or its main() through `python -m` when it is not installed)."""
+    exe = [str(BIN / "marlflow")] if (BIN / "marlflow").exists() else [sys.executable, "-m", "marlflow.cli"]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([*exe, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def _snakemake(*args, cwd=ROOT, env=None):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
+    return subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "key,hint",
+    [
+        ("wrkflows=[voting]", "Did you mean 'workflows'?"),
+        ("learning_rate=0.001", "presets.<preset>.grpo.learning_rate"),
+    ],
+)
+def test_unknown_config_key_fails_with_a_did_you_mean(key, hint):
+    """Before: Snakemake ignored both keys and ran (or planned) the whole default matrix."""
+    out = _snakemake("-n", "--profile", "profiles/local", "--config", key)
+    assert out.returncode == 2, out.stdout[-1500:]
+    assert f"error: --config: {key.split('=')[0]!r} is not a config key" in out.stderr, out.stderr
+    assert hint in out.stderr and "Known keys: matrix, preset" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_known_config_keys_pass():
+    from marlflow.matrix import check_config_keys
+
+    check_config_keys({"matrix": "matrix.yaml", "preset": "smol", "workflows": ["voting"], "seed": 1,
+                       "scale_resources": {}, "toy_build": "--build"})  # fmt: skip
+
+
+def test_a_target_after_config_is_a_target():
+    """`marlflow run -n --config preset=smoke TARGET`: Snakemake's --config swallowed the target and raised a
+    traceback ("Config entries have to be defined as name=value pairs")."""
+    target = "results/runs/single-sp-toy-math-s0-smoke/config.json"
+    out = marlflow("run", "-n", "--config", "preset=smoke", target)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "run_config" in out.stdout and "rule train" not in out.stdout  # only the target's job
+
+
+def test_slurm_account_placeholder_is_refused_before_any_job(tmp_path):
+    """A copy of the repository with sbatch on PATH that records every call: the shipped profile (slurm_account:
+    CHANGE_ME) exits 2 with where to set it, and sbatch is never called. Before: jobs were submitted and each
+    failed in sbatch."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for item in ("Snakefile", "matrix.yaml", "rules", "profiles"):
+        (shutil.copytree if (ROOT / item).is_dir() else shutil.copy2)(ROOT / item, repo / item)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "sbatch-calls"
+    for tool in ("sbatch", "squeue", "sacct", "sinfo", "sacctmgr", "scontrol"):  # only sbatch submits
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}.{tool}\nexit 1\n')
+        (fake / tool).chmod(0o755)
+    calls = Path(f"{calls}.sbatch")
+    env = {"PATH": f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}"}
+    for dry in (["-n"], []):
+        out = _snakemake(*dry, "--profile", "profiles/slurm", cwd=repo, env=env)
+        assert out.returncode == 2, out.stdout[-1500:] + out.stderr[-1500:]
+        err = out.stderr
+        assert "resource slurm_account is CHANGE_ME" in err and "profiles/slurm/config.yaml" in err, err
+        assert "slurm-no-account: true" in err and "Traceback" not in err
+        assert not calls.exists(), calls.read_text()

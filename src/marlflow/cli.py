@@ -36,6 +36,25 @@ COMMANDS = {
 }
 
 
+def targets_before_config(args: list[str]) -> list[str]:
+    """`args` with any target written after `--config k=v ...` moved in front of it.
+
+    Snakemake's --config takes every following word, so `--config preset=smoke results/tables/summary.csv`
+    made it raise a traceback on the target ("Config entries have to be defined as name=value pairs"); a
+    word without `=` there can only be a target."""
+    out, moved, in_config = [], [], False
+    for a in args:
+        if a in ("--config", "-C"):
+            in_config = True
+        elif a.startswith("-"):
+            in_config = False
+        elif in_config and "=" not in a:
+            moved.append(a)
+            continue
+        out.append(a)
+    return moved + out
+
+
 def run_snakemake(args: list[str]) -> int:
     """`snakemake --profile profiles/local ARGS` from the repository root (the folder with the Snakefile)."""
     root = Path.cwd()
@@ -51,7 +70,7 @@ def run_snakemake(args: list[str]) -> int:
         if any(a == "--profile" or a.startswith("--profile=") for a in args)
         else ["--profile", "profiles/local"]
     )
-    rc = subprocess.call([sys.executable, "-m", "snakemake", *profile, *args])
+    rc = subprocess.call([sys.executable, "-m", "snakemake", *profile, *targets_before_config(args)])
     report = root / "results" / "report.html"
     if rc == 0 and report.is_file() and not any(a in ("-n", "--dry-run", "--dryrun") for a in args):
         print(f"report: {report}")

@@ -523,6 +523,38 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
     return axes
 
 
+# Snakemake config keys (--config, a profile's `config:` / `configfiles:`) the Snakefile reads, with what each
+# is for; anything else is a typo that Snakemake itself would ignore in silence.
+CONFIG_KEYS = {
+    "matrix": "the matrix file (default matrix.yaml)",
+    "preset": "the preset to run (default: the matrix's default_preset)",
+    "scale_resources": "per-scale GPUs, memory and time (a profile's config)",
+    "toy_build": "options of the toy model build, e.g. --build",
+    **{a: "restrict this axis" for a in (*AXES, *ALIASES)},
+}
+
+
+def check_config_keys(config: dict) -> None:
+    """Raise MatrixError for a Snakemake config key the Snakefile does not read (e.g. `wrkflows=[voting]`,
+    `learning_rate=0.001`), naming the closest known key, or where a training setting goes instead."""
+    for key in config:
+        if key in CONFIG_KEYS:
+            continue
+        fields = {f.name: "grpo" for f in dataclasses.fields(GRPOParams)}
+        fields.update({f.name: "run" for f in dataclasses.fields(RunConfig) if f.name not in NOT_RUN_LEVEL})
+        hint = (
+            f" {key} is a training setting: set it in matrix.yaml under presets.<preset>.{fields[key]}.{key} "
+            "(or in a new preset that extends yours)."
+            if key in fields
+            else _did_you_mean(key, CONFIG_KEYS)
+        )
+        _fail(
+            "--config",
+            f"{key!r} is not a config key marlflow reads, so it would be ignored.{hint} Known keys: "
+            f"{', '.join(CONFIG_KEYS)}, e.g. --config preset=smol workflows=[voting] tasks=[math].",
+        )
+
+
 def _matches(when: dict, cell: dict) -> bool:
     return all(cell[k] in v for k, v in when.items())
 
@@ -655,7 +687,7 @@ def work_estimate(config_json: str) -> int:
     calls = {"single": 1, "eval_opt": 2 * rounds, "voting": cfg.n_votes + 1,
              "orch_workers": cfg.n_workers + 2}[cfg.workflow]  # fmt: skip
     evals = g.steps // g.eval_every + 1
-    episodes = g.steps * g.problems_per_step * g.group_size + evals * cfg.task.eval_size
+    episodes = g.steps * g.problems_per_step * g.group_size + evals * (cfg.task.eval_size + cfg.task.val_size)
     return episodes * calls * g.max_completion_length
 
 

@@ -41,7 +41,7 @@ def make_run(
     """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path.
 
     format_failure: role -> its eval format_failure_rate per eval (default 0.1 throughout); zero_steps: train
-    steps where every role's grad_norm is 0; share_gaps: train steps where the first role logs no grad_share."""
+    steps where every role's grad_norm and grad_share are 0; share_gaps: train steps where the first role logs no grad_share."""
     workflow, sharing, scale, task, seed = run_id.split("-")
     fac = dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
                intervention="none")  # fmt: skip
@@ -65,7 +65,8 @@ def make_run(
                                 "format_failure": slot == 1})  # fmt: skip
     for step in range(1, 10 * (len(acc) - 1) + 1):
         for i, (role, share) in enumerate(shares.items()):
-            vals = {"grad_norm": 0.0 if step in zero_steps else 1.0 + step * share, "grad_share": share,
+            zero = step in zero_steps  # no gradient: norm 0 and, as algos.grad_shares gives, share 0
+            vals = {"grad_norm": 0.0 if zero else 1.0 + step * share, "grad_share": 0.0 if zero else share,
                     "reward_mean": 0.3 + 0.01 * step, "completion_length": 30.0}  # fmt: skip
             if i == 0 and step in share_gaps:
                 del vals["grad_share"]
@@ -478,7 +479,13 @@ def test_figure_scales(signal_runs):
     """grad_dynamics: one log y axis for all panels, zero-gradient steps left out (not drawn near 0);
     role_share: a step without a role's share is a hatched 'no data' band; careless_share: <= 4 lines a panel."""
     from marlflow.analysis import load_runs
-    from marlflow.analysis.plots import MAX_LINES, plot_careless_share, plot_grad_norm, plot_role_share
+    from marlflow.analysis.plots import (
+        MAX_LINES,
+        NO_DATA_LABEL,
+        plot_careless_share,
+        plot_grad_norm,
+        plot_role_share,
+    )
 
     metrics, _ = load_runs(signal_runs)
     axes = plot_grad_norm(metrics).axes
@@ -494,7 +501,7 @@ def test_figure_scales(signal_runs):
     ip = next(ax for ax in fig.axes if ax.get_title() == "voting-ip-toy-math-s0")
     hatched = [c for c in ip.collections if c.get_hatch() == "///"]
     assert len(hatched) == 1 and hatched[0].get_paths()[0].vertices[:, 1].max() > 0.5  # the generator's 0.75
-    assert "no data" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert NO_DATA_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
     assert all(ax.get_ylim() == (0.0, 1.0) for ax in fig.axes)
     fig = plot_careless_share(metrics)
     assert [ax.get_title() for ax in fig.axes] == ["voting / math", "orch_workers / math"]

@@ -22,7 +22,11 @@ this module cannot drift; every file is written atomically, and the text is dete
 are embedded as base64 PNG, styles are inline, nothing is fetched from the network; pages link to each
 other by relative paths.
 
-The overview: provenance (presets, models, git commit, package versions, training wall time), one row per
+The overview opens with a findings box (findings_section: the best and worst cell, SP - IP per workflow x
+task with its CI or, with one seed, the evaluation noise, terminal cliffs, failure signatures and
+format-failure rises, each with values and steps; a one-seed banner saying how to get CIs; a warning when a
+toy base is outside definitions.TOY_BASE_BAND), then provenance (presets, models, git commit, the CPU and its
+kernel capability, torch and threads, each toy model's weights hash, package versions, wall time), one row per
 run linking to its page, eval curves (+- 1 SE bands, y axis shared per task), peak / terminal and the
 paired SP - IP comparison with confidence intervals, careless_share where logged, failure signatures with
 their evidence, gradient traces with each SP run next to its IP partner, and the definitions. A run page:

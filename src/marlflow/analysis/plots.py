@@ -246,12 +246,15 @@ def plot_grad_norm(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
 
 
 NO_DATA = "#d9d9d9"  # role_share: the part of a step with no logged share (grey, hatched)
+# A step whose shares sum below 1: every role's gradient was 0 (algos.grad_shares gives 0 to all; a step where
+# every group's rewards are equal), or a role's share was not logged.
+NO_DATA_LABEL = "no data (zero gradient or not logged)"
 
 
 def plot_role_share(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
     """Per-role share of the step's gradient mass vs step, stacked areas on a 0..1 axis; each SP panel next to
-    its IP one. Where the logged shares of a step sum to less than 1 (a role not logged at that step, or a
-    step with no gradient at all), the rest is drawn as a grey hatched "no data" band, not left white."""
+    its IP one. Where the logged shares of a step sum to less than 1 (a step with no gradient at all, where
+    every share is 0, or a role not logged), the rest is a grey hatched "no data" band, not left white."""
     series = _role_series(metrics, "grad_share")
     if series.empty:
         return _placeholder("no per-role grad_share logged")
@@ -272,7 +275,7 @@ def plot_role_share(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
         ax.set_xlim(float(table.index.min()), float(table.index.max()))
     handles = [Line2D([], [], color=role_colour(r), label=r, lw=3) for r in sorted(roles)]
     if gaps:
-        handles.append(Patch(facecolor=NO_DATA, edgecolor="#9a9a9a", hatch="///", label="no data"))
+        handles.append(Patch(facecolor=NO_DATA, edgecolor="#9a9a9a", hatch="///", label=NO_DATA_LABEL))
     _legend(fig, handles)
     return fig
 

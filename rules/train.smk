@@ -59,5 +59,7 @@ rule train:
     # process of the job step reaches the trainer without killing a shell in between; the step's Snakemake
     # waits for it while it checkpoints (exit 75, marlflow.preempt). Without it, bash died of SIGTERM and
     # Snakemake ended the step with the trainer still saving (docs/environment.md, "Preemption").
+    # --log: the trainer writes its own log, keeping an earlier attempt's (a killed, resumed job) as
+    # LOG.attempt-N instead of overwriting it.
     shell:
-        "exec python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} > {log} 2>&1"
+        "exec python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} --log {log:q}"

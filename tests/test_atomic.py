@@ -195,7 +195,7 @@ def test_disk_full_while_writing_a_checkpoint(make_cfg, tmp_path, monkeypatch, c
     # the CLI: resumes from step 1, hits the full disk again, one clear line, exit 1, nothing lost
     assert T.main(["--config", str(cfg_path), "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    (line,) = [ln for ln in err.splitlines() if ln.startswith("marlflow.train:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("marlflow train:")]
     assert "disk full" in line and "Free disk space" in line and "resumes from the newest complete" in line
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1"]
     # space freed: the rerun resumes and finishes

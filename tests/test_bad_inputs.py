@@ -141,7 +141,7 @@ def _train_cli(tmp_path, cfg) -> subprocess.CompletedProcess:
 def _error_line(stderr: str) -> str:
     """The CLI's one error line (progress bars from transformers may share stderr); no traceback."""
     assert "Traceback" not in stderr, stderr
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("marlflow.train:")]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("marlflow train:")]
     assert len(lines) == 1, stderr
     return lines[0]
 
@@ -278,7 +278,7 @@ def test_train_cli_bad_run_config(tmp_path, case):
     assert out.returncode == 2, out.stderr[-2000:]
     line = _error_line(out.stderr)
     assert len(out.stderr.encode()) <= 4096
-    assert line.startswith(f"marlflow.train: invalid run config {path}: "), line
+    assert line.startswith(f"marlflow train: invalid run config {path}: "), line
     for part in expected:
         assert part in line, (part, line)
     assert not (tmp_path / "run").exists()

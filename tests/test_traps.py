@@ -132,3 +132,30 @@ def test_slurm_account_placeholder_is_refused_before_any_job(tmp_path):
         assert "resource slurm_account is CHANGE_ME" in err and "profiles/slurm/config.yaml" in err, err
         assert "slurm-no-account: true" in err and "Traceback" not in err
         assert not calls.exists(), calls.read_text()
+
+
+# ---------------------------------------------------------------- each attempt keeps its log
+
+
+def test_a_retried_train_job_keeps_each_attempts_log(tmp_path):
+    """Attempts of the train rule's command on one log path, where an attempt-1 log is already kept: the newest
+    is LOG, the earlier one LOG.attempt-2, each with its own output. Before: `> {log}` truncated the killed
+    attempt's log."""
+    log = tmp_path / "logs" / "train" / "run.log"
+    log.parent.mkdir(parents=True)
+    log.with_name("run.log.attempt-1").write_text("the first attempt\n")
+    for attempt in range(2):
+        bad = tmp_path / f"config{attempt}.json"
+        bad.write_text(f'{{"attempt": {attempt}}}')  # an invalid run config: exits 2 right after logging
+        out = subprocess.run(
+            [sys.executable, "-m", "marlflow.train", "--config", str(bad), "--out", str(tmp_path / "run"),
+             "--log", str(log)], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 2 and out.stderr == "", out.stderr
+    text = log.read_text()
+    assert "config1.json" in text and "config0.json" not in text and "run.log.attempt-2" in text
+    assert "config0.json" in log.with_name("run.log.attempt-2").read_text()
+    assert log.with_name("run.log.attempt-1").read_text() == "the first attempt\n"
+    assert not log.with_name("run.log.attempt-3").exists()
+    shell = (ROOT / "rules" / "train.smk").read_text().split("rule train:")[1].split("shell:")[1]
+    assert "--log {log:q}" in shell and "> {log}" not in shell

@@ -1,4 +1,4 @@
-"""Train one cell of the matrix: `python -m marlflow.train --config CONFIG.json --out RUN_DIR`.
+"""Train one cell of the matrix: `marlflow train --config CONFIG.json --out RUN_DIR [--log LOG]`.
 
 Reads a `RunConfig` (written by the Snakemake rule `run_config`), loads the base model once, puts one
 LoRA adapter per policy on it (SP: "shared"; IP: one per role type), and runs
@@ -10,6 +10,10 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
     RUN_DIR/checkpoints/step-N/adapters/<policy>/   LoRA adapters (PEFT format) + optimizer/RNG state
     RUN_DIR/final/<policy>/   the last step's adapters for PeftModel.from_pretrained + model card (marlflow.final)
     RUN_DIR/DONE              JSON with the final step and accuracy
+
+--log LOG sends the process's stdout and stderr to LOG (the train rule's log); a previous attempt's LOG (a
+killed or preempted job that is now resumed) is first renamed to LOG.attempt-1, -2, ... so every attempt
+keeps its own log.
 
 Exit codes: 0 done; 1 the run failed (the message says why); 2 an invalid run config; 75 stopped by a SIGTERM
 or SIGUSR1 after checkpointing its last completed step: rerun it to resume, nothing is lost (Snakemake's
@@ -25,6 +29,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -125,11 +130,43 @@ def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
     return metrics
 
 
+def log_to(path: Path) -> Path | None:
+    """Redirect this process's stdout and stderr (file descriptors 1 and 2) to `path`.
+
+    A non-empty `path` left by an earlier attempt is first renamed to `path.attempt-N` (N = 1, 2, ...: the
+    first free one), so a resumed job never overwrites the log of the attempt that was killed. Returns the
+    renamed log, or None."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = None
+    if path.exists() and path.stat().st_size > 0:
+        n = 1
+        while path.with_name(f"{path.name}.attempt-{n}").exists():
+            n += 1
+        kept = path.with_name(f"{path.name}.attempt-{n}")
+        path.rename(kept)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if kept is not None:
+        print(f"marlflow train: the previous attempt's log is {kept}", file=sys.stderr, flush=True)
+    return kept
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m marlflow.train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="marlflow train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="run config JSON (results/runs/<run_id>/config.json)")
     ap.add_argument("--out", required=True, help="run folder for metrics, samples, checkpoints, DONE")
+    ap.add_argument(
+        "--log",
+        type=Path,
+        help="write stdout and stderr to this file; an earlier attempt's is kept as LOG.attempt-N",
+    )
     args = ap.parse_args(argv)
+    if args.log is not None:
+        log_to(args.log)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # scancel, preemption, Snakemake and SLURM's --signal (SIGUSR1 before the time limit): stop at the next
     # safe point with a checkpoint (marlflow.preempt); every exit goes through Python, so cleanup (scratch
@@ -138,19 +175,19 @@ def main(argv=None) -> int:
     try:
         cfg = RunConfig.load(args.config)
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value
-        print(f"marlflow.train: invalid run config {args.config}: {err}", file=sys.stderr)
+        print(f"marlflow train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
     trackers.prepare(cfg, Path(args.out))  # before TRL is imported: it imports trackio
     try:
         task = get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
     except KeyError as err:
-        print(f"marlflow.train: invalid run config {args.config}: {err.args[0]}; fix the task's name in "
+        print(f"marlflow train: invalid run config {args.config}: {err.args[0]}; fix the task's name in "
               "matrix.yaml (presets.<preset>.tasks)", file=sys.stderr)  # fmt: skip
         return 2
     try:
         task = LoadedTask(task, cfg.task)
     except (OSError, ValueError) as err:  # DataError is a ValueError; it names the file, line and field
-        print(f"marlflow.train: run {cfg.run_id}: dataset of task {cfg.task.name!r} (task.* in "
+        print(f"marlflow train: run {cfg.run_id}: dataset of task {cfg.task.name!r} (task.* in "
               f"{args.config}): {err}", file=sys.stderr)  # fmt: skip
         return 1
     try:
@@ -161,7 +198,7 @@ def main(argv=None) -> int:
         hint = ""
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:
             hint = "; the disk is full: free space and rerun, training resumes from the newest complete checkpoint"
-        print(f"marlflow.train: run {cfg.run_id} failed: {err}{hint}", file=sys.stderr)
+        print(f"marlflow train: run {cfg.run_id} failed: {err}{hint}", file=sys.stderr)
         return 1
     return 0
 

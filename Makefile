@@ -64,3 +64,4 @@ smol-setup: $(SMOL_MODEL)/READY
 # `snakemake --profile profiles/local --config preset=smol`.
 smol: $(SMOL_MODEL)/READY
 	$(BIN)/snakemake --profile profiles/local --config preset=smol_small
+	@echo "report: $(CURDIR)/results/presets/smol_small/report.html (a preset other than the default has its own folder)"

@@ -1,4 +1,4 @@
-# All runs -> tidy summary tables (peak/terminal/cliff, failure signatures, gradient dynamics, seed CIs,
+# All runs of the preset (or slice) -> tidy summary tables (peak/terminal/cliff, failure signatures, gradient dynamics, seed CIs,
 # contrasts, claims). The output list is marlflow.aggregate.OUTPUTS itself, so rule and module agree.
 from marlflow.aggregate import OUTPUTS as AGGREGATE_OUTPUTS
 
@@ -7,11 +7,14 @@ rule aggregate:
     input:
         metrics=expand("results/runs/{run_id}/metrics.parquet", run_id=RUN_IDS),
         done=expand("results/runs/{run_id}/DONE", run_id=RUN_IDS),
+    # OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's own folder.
     output:
-        expand("results/tables/{name}", name=AGGREGATE_OUTPUTS),
+        expand("{out}/tables/{name}", out=OUT, name=AGGREGATE_OUTPUTS),
     log:
-        "results/logs/aggregate.log",
+        f"{OUT}/logs/aggregate.log",
     conda:
         "envs/marlflow.yaml"
+    params:
+        tables=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "python -m marlflow.aggregate --runs {input.metrics} --out results/tables > {log} 2>&1"
+        "python -m marlflow.aggregate --runs {input.metrics} --out {params.tables:q} > {log} 2>&1"

@@ -11,6 +11,7 @@ from marlflow.matrix import (
     check_config_keys,
     check_run_ids,
     jobs_use_this_python,
+    output_dir,
     run_sheet,
     work_estimate,
 )
@@ -26,7 +27,9 @@ def _load_sheet():
         check_config_keys(config)
         sheet = run_sheet(config["matrix"], config.get("preset"), overrides)
         check_run_ids(config["matrix"])  # one run id, one run, across every preset
-        return sheet
+        # Tables, figures and report of this preset or slice: results/ for the default preset in full,
+        # results/presets/<preset>[/slice-...] otherwise, so that none overwrites another's.
+        return sheet, output_dir(config["matrix"], config.get("preset"), overrides)
     except MatrixError as err:
         # Same one-paragraph message and exit code as `python -m marlflow.matrix`, no traceback.
         print(f"error: {err}", file=sys.stderr)
@@ -62,7 +65,7 @@ def _refuse_placeholder_resources():
 
 
 _refuse_placeholder_resources()
-SHEET = _load_sheet()
+SHEET, OUT = _load_sheet()
 
 
 def _refuse_runs_that_do_not_fit():

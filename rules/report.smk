@@ -2,9 +2,10 @@
 # Every file marlflow.report writes is declared, generated from its own output contract (`outputs()`).
 from marlflow.report import outputs as report_outputs
 
-REPORT_FIGURES = "results/figures"
-REPORT_HTML = "results/report.html"
-REPORT_PAGES = "results/report"
+# Under OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's folder.
+REPORT_FIGURES = f"{OUT}/figures"
+REPORT_HTML = f"{OUT}/report.html"
+REPORT_PAGES = f"{OUT}/report"
 REPORT_OUTPUTS = [
     str(p)
     for p in report_outputs(
@@ -28,7 +29,7 @@ rule report:
         figures=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_FIGURES],
         pages=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_PAGES],
     log:
-        "results/logs/report.log",
+        f"{OUT}/logs/report.log",
     conda:
         "envs/marlflow.yaml"
     params:

@@ -159,3 +159,34 @@ def test_a_retried_train_job_keeps_each_attempts_log(tmp_path):
     assert not log.with_name("run.log.attempt-3").exists()
     shell = (ROOT / "rules" / "train.smk").read_text().split("rule train:")[1].split("shell:")[1]
     assert "--log {log:q}" in shell and "> {log}" not in shell
+
+
+# ---------------------------------------------------------------- a slice or a preset has its own tables
+
+
+def test_output_folders_per_preset_and_slice():
+    from marlflow.matrix import output_dir
+
+    assert output_dir("matrix.yaml") == "results"  # the default preset in full: the README's paths
+    assert output_dir("matrix.yaml", "toy", {"seeds": [0], "tasks": ["code", "math"]}) == "results"  # no cut
+    assert output_dir("matrix.yaml", "smoke") == "results/presets/smoke"
+    assert output_dir("matrix.yaml", "smol", {"workflows": ["voting"], "tasks": ["math"]}) == (
+        "results/presets/smol/slice-workflow-voting,task-math"
+    )
+    assert output_dir("matrix.yaml", None, {"sharing": "sp"}) == "results/slice-sharing-sp"
+
+
+def test_a_slice_writes_its_tables_and_report_under_its_own_folder():
+    """Before: `--config workflows=[voting]` planned results/tables/* and results/report.html, overwriting the
+    full matrix's tables and report with the slice's."""
+    out = _snakemake("-n", "--forceall", "--profile", "profiles/local", "--config", "workflows=[voting]")
+    assert out.returncode == 0, out.stderr[-2000:]
+    outputs = [p for line in out.stdout.splitlines() if line.strip().startswith(("output:", "log:"))
+               for p in line.split(":", 1)[1].replace(",", " ").split()]  # fmt: skip
+    mine = "results/slice-workflow-voting/"
+    for name in ("tables/summary.csv", "report.html", "figures/curves.png", "logs/aggregate.log"):
+        assert mine + name in outputs, name
+    shared = [
+        p for p in outputs if not p.startswith((mine, "results/runs/", "results/models/", "results/logs/"))
+    ]
+    assert not shared, shared

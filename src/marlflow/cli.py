@@ -71,10 +71,42 @@ def run_snakemake(args: list[str]) -> int:
         else ["--profile", "profiles/local"]
     )
     rc = subprocess.call([sys.executable, "-m", "snakemake", *profile, *targets_before_config(args)])
-    report = root / "results" / "report.html"
-    if rc == 0 and report.is_file() and not any(a in ("-n", "--dry-run", "--dryrun") for a in args):
+    report = report_path(root, args)
+    if (
+        rc == 0
+        and report
+        and report.is_file()
+        and not any(a in ("-n", "--dry-run", "--dryrun") for a in args)
+    ):
         print(f"report: {report}")
     return rc
+
+
+def report_path(root: Path, args: list[str]) -> Path | None:
+    """The report.html that `snakemake ARGS` writes: under the preset's or slice's own folder
+    (marlflow.matrix.output_dir, from --config's matrix, preset and axis restrictions); None if unknown."""
+    import yaml
+
+    from marlflow.matrix import ALIASES, AXES, MatrixError, output_dir
+
+    config, in_config = {}, False
+    for a in args:
+        if a in ("--config", "-C"):
+            in_config = True
+        elif a.startswith("-"):
+            in_config = False
+        elif in_config and "=" in a:
+            key, _, val = a.partition("=")
+            try:
+                config[key] = yaml.safe_load(val)
+            except yaml.YAMLError:
+                config[key] = val
+    overrides = {k: v for k, v in config.items() if k in (*AXES, *ALIASES)}
+    try:
+        out = output_dir(root / str(config.get("matrix", "matrix.yaml")), config.get("preset"), overrides)
+    except (MatrixError, OSError):
+        return None
+    return root / out / "report.html"
 
 
 def build_parser() -> argparse.ArgumentParser:

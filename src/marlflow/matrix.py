@@ -675,6 +675,26 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
     return pd.DataFrame(rows).set_index("run_id")[SHEET_COLUMNS]
 
 
+def output_dir(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> str:
+    """Where a preset's (or a slice's) tables, figures, report and their logs go, so that one never overwrites
+    another's: `results` for the file's default preset in full (the paths the README documents),
+    `results/presets/<preset>` for any other preset in full, and `.../slice-<axis>-<v1+v2>,<axis>-<v>` below
+    either for a slice (--config axis restrictions that leave out some of the preset's values).
+    Raises MatrixError like run_sheet."""
+    doc = load_matrix(path_or_dict)
+    name = "matrix" if isinstance(path_or_dict, dict) else str(path_or_dict)
+    preset = preset or doc["default_preset"]
+    if preset not in doc["presets"]:
+        _fail(f"{name}: preset", _unknown_preset(preset, doc))
+    p = resolve_preset(doc, preset, name)
+    axes = _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
+    out = "results" if preset == doc["default_preset"] else f"results/presets/{preset}"
+    sliced = [a for a in AXES if {str(v) for v in axes[a]} != {str(v) for v in p["axes"][a]}]
+    if sliced:
+        out += "/slice-" + ",".join(f"{a}-{'+'.join(str(v) for v in axes[a])}" for a in sliced)
+    return out
+
+
 def work_estimate(config_json: str) -> int:
     """Completion tokens a run generates at most (training rollouts and evaluations): the train rule's
     Snakemake priority, so the longest runs start first and the matrix does not end on one long job.

@@ -337,3 +337,13 @@ def test_nothing_outlives_the_hostile_jobs():
     assert _sandbox_dirs() <= dirs
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss) / 1024
     assert grown < 400, f"the caller's peak memory grew {grown:.0f} MiB over the hostile jobs"
+
+
+def test_a_sandbox_that_cannot_start_raises_instead_of_a_verdict(monkeypatch):
+    """Per-job failures are verdicts; a deployment without the kernel layers is not one job's failure."""
+    monkeypatch.setenv(
+        "MARLFLOW_SANDBOX_NO_NAMESPACES", "1"
+    )  # docs/sandbox.md: as if the kernel refused them
+    monkeypatch.delenv("MARLFLOW_SANDBOX_ALLOW_WEAK", raising=False)
+    with SandboxPool(1) as pool, pytest.raises(sandbox.SandboxUnavailable, match="refusing"):
+        pool.map([HEALTH])

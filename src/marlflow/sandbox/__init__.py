@@ -76,6 +76,7 @@ from marlflow.sandbox._supervisor import _serve  # isort: skip
 from marlflow.sandbox._convert import convert, count_asserts  # isort: skip
 from marlflow.sandbox._pool import (  # isort: skip
     SandboxPool,
+    SandboxUnavailable,
     clear_cache,
     programs_run,
     run_local,
@@ -87,7 +88,7 @@ from marlflow.sandbox._cli import main  # isort: skip
 
 __all__ = [
     "CALLS_MARKER", "MAX_MEMORY_MB", "MAX_TIMEOUT", "OUTPUT_CAP", "RESULT_LIMIT", "STATUSES", "STDIO_MARKER",
-    "STDOUT_LIMIT", "TMP_PREFIX", "SandboxPool", "SandboxResult", "SandboxViolation", "_LL_ABI", "_serve",
-    "check_limits", "clear_cache", "convert", "count_asserts", "main", "outputs_match", "programs_run", "run_local",
+    "STDOUT_LIMIT", "TMP_PREFIX", "SandboxPool", "SandboxResult", "SandboxUnavailable", "SandboxViolation",
+    "_LL_ABI", "_serve", "check_limits", "clear_cache", "convert", "count_asserts", "main", "outputs_match", "programs_run", "run_local",
     "shutdown", "stdio_tests", "verify", "verify_many",
 ]  # fmt: skip

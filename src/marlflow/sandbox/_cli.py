@@ -1,7 +1,8 @@
 """Command line: one job, one JSON object on stdout, in every case. Exit 0 whatever the verdict (an
 `error` verdict included: a job the sandbox could not judge); bad arguments, unreadable files or a
 malformed job (empty tests, limits out of range) give a one-line JSON error (`status: usage_error`) and
-exit 2; an unexpected failure of this command itself gives one JSON line with `status: error` and exit 1.
+exit 2; a sandbox that cannot start (`SandboxUnavailable`, docs/sandbox.md) or an unexpected failure of
+this command itself gives one JSON line with `status: error` and exit 1.
 Never a traceback."""
 
 from __future__ import annotations

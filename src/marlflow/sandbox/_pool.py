@@ -38,6 +38,11 @@ def _warn_no_landlock(info: dict) -> None:
     sys.stderr.flush()
 
 
+class SandboxUnavailable(RuntimeError):
+    """No sandbox worker could be started (or the kernel layers are missing): raised, loudly, to the
+    caller; unlike anything that goes wrong with one job, it is never turned into a verdict."""
+
+
 class _Worker:
     def __init__(self):
         import subprocess  # not at module level: the worker itself must not import it
@@ -145,7 +150,10 @@ class SandboxPool:
                 self._all.remove(w)
 
     def _once(self, head: dict, part: dict | None) -> dict | None:
-        w = self._acquire()
+        try:
+            w = self._acquire()
+        except Exception as e:  # no worker at all: the deployment's failure, never one job's verdict
+            raise SandboxUnavailable(str(e)) from e
         with self._lock:
             self.programs_run += 1
         raw = None
@@ -162,6 +170,8 @@ class SandboxPool:
         """The verdict of one prepared job; never raises: whatever goes wrong is this job's `error`."""
         try:
             return self._run_prepared(p)
+        except SandboxUnavailable:
+            raise
         except Exception as e:  # noqa: BLE001 - one job must never take the batch (or the rollout) down
             return error(f"the sandbox could not run this job: {type(e).__name__}: {show(str(e), 300)}")
 
@@ -261,7 +271,8 @@ def verify_many(
     or a dict with those keys (and optional timeout, memory_mb, entry_point, prelude, setup). Results
     come back in job order. A malformed job (wrong types, limits out of range, empty tests) raises
     ValueError/TypeError naming it before anything runs; anything that goes wrong while judging a job is
-    that job's verdict (`error` with the reason), never an exception.
+    that job's verdict (`error` with the reason), never an exception. Only a sandbox that cannot start at
+    all raises (SandboxUnavailable, a RuntimeError): that is the deployment's failure, not a job's.
 
     Identical jobs are verified once and their verdicts cached only when the verdict is reproducible:
     the program and tests use no source of randomness or time (`_verdict.deterministic`) and the status
@@ -316,5 +327,7 @@ def run_local(
     try:
         with SandboxPool(1) as pool:
             return pool.run_prepared(p)
+    except SandboxUnavailable:
+        raise
     except Exception as e:  # noqa: BLE001 - e.g. closing a worker failed: still one verdict
         return error(f"the sandbox failed: {type(e).__name__}: {show(str(e), 300)}")

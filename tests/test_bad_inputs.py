@@ -106,7 +106,8 @@ def test_matrix_error_same_from_snakemake_and_cli(tmp_path, capsys, case):
 def test_matrix_file_missing(tmp_path, capsys):
     assert M.main([str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "nope.yaml: file not found; pass the path of the matrix file" in err
+    assert f"nope.yaml: file not found: {tmp_path / 'nope.yaml'} does not exist" in err
+    assert "looked up in the current folder" in err and "--config matrix=PATH/matrix.yaml" in err
 
 
 def test_matrix_file_not_yaml(tmp_path, capsys):

@@ -190,3 +190,86 @@ def test_a_slice_writes_its_tables_and_report_under_its_own_folder():
         p for p in outputs if not p.startswith((mine, "results/runs/", "results/models/", "results/logs/"))
     ]
     assert not shared, shared
+
+
+# ---------------------------------------------------------------- help and messages
+
+
+def test_marlflow_run_help_is_its_own():
+    """Before: Snakemake's whole help (hundreds of lines) under the name __main__.py."""
+    out = marlflow("run", "--help", cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.startswith("usage: marlflow run "), out.stdout[:300]
+    assert "__main__.py" not in out.stdout + out.stderr and len(out.stdout.splitlines()) < 40
+    assert "--config" in out.stdout and "preset=NAME" in out.stdout and "snakemake --help" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "command", ["matrix", "models", "train", "eval", "chat", "aggregate", "report", "plan"]
+)
+def test_every_command_has_its_help_and_errors_under_the_name_users_type(command, capsys):
+    from marlflow.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: marlflow {command} ")
+    with pytest.raises(SystemExit) as bad:  # `python -m marlflow.<module> --bogus` is the same main()
+        main([command, "--no-such-option"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and f"usage: marlflow {command} " in err and "python -m" not in err, err
+
+
+def test_python_dash_m_marlflow_is_the_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.startswith("usage: marlflow ")
+
+
+def test_missing_model_message_is_filled_in(tmp_path, monkeypatch):
+    from marlflow.models import _resolve
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        _resolve("results/models/toy")
+    msg = str(err.value)
+    assert "`marlflow models prepare --scale toy --model results/models/toy --out results/models/toy`" in msg
+    assert "<scale>" not in msg and "<model>" not in msg
+
+
+def test_missing_base_model_names_each_folder_once(tmp_path, monkeypatch):
+    """Run from the root that holds the run: "relative to /tmp/nc or to /tmp/nc" named one folder twice."""
+    from marlflow.config import RunConfig, TaskSpec
+    from marlflow.runs import RunError, resolve_model
+
+    cfg = RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy",
+                    task_axis="math", seed=0, task=TaskSpec(name="toy_math"), model="results/models/toy")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError) as err:
+        resolve_model(cfg, tmp_path / "results" / "runs" / cfg.run_id)
+    msg = str(err.value)
+    assert f"(relative to {tmp_path})" in msg and " or to " not in msg, msg
+
+
+def test_an_error_names_the_preset_where_the_bad_value_is_written():
+    """group_size 1 written in `toy`, expanded through toy_seeds (extends toy): before, the error said
+    presets.toy_seeds and told the user to fix presets.toy_seeds.grpo, where nothing is wrong."""
+    import yaml
+
+    from marlflow.matrix import MatrixError, run_sheet
+
+    doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    doc["presets"]["toy"]["grpo"]["group_size"] = 1
+    with pytest.raises(MatrixError) as err:
+        run_sheet(doc, "toy_seeds")
+    msg = str(err.value)
+    assert msg.startswith("matrix: presets.toy (run ") and "inherited by presets.toy_seeds" in msg, msg
+    assert "Fix it in presets.toy.grpo" in msg and "presets.toy_seeds.grpo" not in msg
+
+
+def test_matrix_from_another_folder_says_which_file_and_where_it_looked(tmp_path):
+    out = marlflow("matrix", cwd=tmp_path)
+    assert out.returncode == 2 and f"{tmp_path / 'matrix.yaml'} does not exist" in out.stderr, out.stderr
+    assert (
+        "looked up in the current folder" in out.stderr and "marlflow matrix PATH/matrix.yaml" in out.stderr
+    )

@@ -128,14 +128,14 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marlflow.aggregate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="marlflow aggregate", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
     parser.add_argument("--out", required=True, help="output folder, e.g. results/tables")
     args = parser.parse_args(argv)
     try:
         metrics, _ = load_runs(args.runs)
     except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"marlflow.aggregate: error: {e}\n")
+        parser.exit(2, f"marlflow aggregate: error: {e}\n")
     paths = write_tables(build_tables(metrics), args.out)
     print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
     return 0

@@ -55,8 +55,42 @@ def targets_before_config(args: list[str]) -> list[str]:
     return moved + out
 
 
+def run_parser() -> argparse.ArgumentParser:
+    """`marlflow run --help`: the options that matter here; every other one is Snakemake's (`snakemake --help`)."""
+    ap = argparse.ArgumentParser(
+        prog="marlflow run",
+        description="Run the experiment matrix with Snakemake from the repository root: "
+        "`snakemake --profile profiles/local ARGS`. Finished runs are skipped; a killed run resumes.",
+        epilog="Every other option goes to Snakemake unchanged (`snakemake --help` lists them). Outputs: "
+        "results/runs/<run_id>/ per run; the tables, figures and report.html in results/ for the default "
+        "preset in full, in results/presets/<preset>/ (and slice-... below it for --config axis restrictions) "
+        "otherwise.",
+    )
+    ap.add_argument(
+        "targets", nargs="*", help="files to make (default: every run, the tables and the report)"
+    )
+    ap.add_argument("-n", "--dry-run", action="store_true", help="list the jobs without running them")
+    ap.add_argument(
+        "--config",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="preset=NAME (matrix.yaml's presets), axis restrictions such as workflows=[voting] tasks=[math] "
+        "seeds=[0,1], matrix=FILE; unknown keys are refused with the known ones",
+    )
+    ap.add_argument(
+        "--profile",
+        default="profiles/local",
+        help="Snakemake profile (default: %(default)s; profiles/slurm submits to a SLURM cluster)",
+    )
+    ap.add_argument("--cores", help="CPU cores for local jobs (the local profile: 2)")
+    return ap
+
+
 def run_snakemake(args: list[str]) -> int:
     """`snakemake --profile profiles/local ARGS` from the repository root (the folder with the Snakefile)."""
+    if any(a in ("-h", "--help") for a in args):
+        run_parser().print_help()  # not Snakemake's whole help under the name __main__.py
+        return 0
     root = Path.cwd()
     if not (root / "Snakefile").is_file() or not (root / "profiles" / "local").is_dir():
         print(

@@ -296,7 +296,12 @@ def _read_yaml(path: Path, name: str):
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        _fail(name, "file not found; pass the path of the matrix file (default matrix.yaml).")
+        _fail(
+            name,
+            f"file not found: {Path(path).absolute()} does not exist. A relative path is looked up in the current "
+            f"folder ({Path.cwd()}); run from the marlflow repository root, or pass the file's path "
+            "(`marlflow matrix PATH/matrix.yaml`; Snakemake: `--config matrix=PATH/matrix.yaml`).",
+        )
     except IsADirectoryError:
         _fail(name, "is a directory; pass the path of the matrix file itself (default matrix.yaml).")
     except OSError as err:
@@ -414,8 +419,8 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
-def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
-    """The preset with its `extends` chain merged in, checked for completeness."""
+def _extends_chain(doc: dict, preset: str, name: str = "matrix") -> list[str]:
+    """[preset, the preset it extends, that one's, ...]; MatrixError for a cycle or an unknown preset."""
     chain, p = [], preset
     while p is not None:
         if p in chain:
@@ -424,6 +429,28 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
             _fail(f"{name}: presets.{chain[-1]}.extends", _unknown_preset(p, doc))
         chain.append(p)
         p = doc["presets"][p].get("extends")
+    return chain
+
+
+def _written_in(doc: dict, preset: str, message: str, task_axis: str) -> tuple[str, str]:
+    """(preset, section) where the setting a ConfigError `message` is about ("grpo.group_size is 1 ...") is
+    written: the nearest preset up the extends chain of `preset` that sets it (in its section or an override),
+    so that an error names the preset the user edited, not one that inherits it. Falls back to `preset`."""
+    m = re.match(r"(grpo|task)\.(\w+)", message) or re.match(r"()(\w+)", message)
+    section, key = {"grpo": "grpo", "task": "tasks", "": "run"}[m[1]], m[2]
+    for p in _extends_chain(doc, preset):
+        body = doc["presets"][p]
+        where = [body.get(section) or {}] + [o.get(section) or {} for o in body.get("overrides") or []]
+        if section == "tasks":
+            where = [w.get(task_axis) or {} for w in where[:1]]
+        if any(isinstance(w, dict) and key in w for w in where):
+            return p, section
+    return preset, section
+
+
+def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
+    """The preset with its `extends` chain merged in, checked for completeness."""
+    chain = _extends_chain(doc, preset, name)
     out = {}
     for p in reversed(chain):
         out = _merge(out, {k: v for k, v in doc["presets"][p].items() if k != "extends"})
@@ -661,9 +688,11 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
                 **run,
             )
         except ConfigError as err:
+            at, section = _written_in(doc, preset, str(err), tk)
+            via = f", inherited by presets.{preset}" if at != preset else ""
             _fail(
-                f"{name}: presets.{preset} (run {rid})",
-                f"{err}. Fix it in presets.{preset}.grpo/run/tasks or a matching entry of presets.{preset}.overrides.",
+                f"{name}: presets.{at} (run {rid}{via})",
+                f"{err}. Fix it in presets.{at}.{section} or a matching entry of presets.{at}.overrides.",
             )
         cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
         rows.append({"run_id": rid, **cell, "preset": preset, "model": cfg.model, "config": cfg_json})
@@ -713,7 +742,7 @@ def work_estimate(config_json: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m marlflow.matrix", description="Validate matrix.yaml and print a preset's run sheet."
+        prog="marlflow matrix", description="Validate matrix.yaml and print a preset's run sheet."
     )
     ap.add_argument("file", nargs="?", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
     ap.add_argument("--preset", help="preset to expand (default: the file's default_preset)")

@@ -340,15 +340,32 @@ def _resolve(model: str) -> tuple[str, bool]:
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"model folder {model!r} exists but has no config.json (an interrupted or failed build?); "
-                f"rebuild it with `python -m marlflow.models prepare --scale <scale> --model <model> --out {model}` "
-                "(snakemake does this), or fix the model path in matrix.yaml"
+                f"rebuild it with {_build_command(model)}, or fix the model path in matrix.yaml"
             )
         return str(path), False
     if _HUB_ID.match(model) and not model.startswith(".") and model.count("/") == 1:
         return model, True
     raise FileNotFoundError(
-        f"model folder {model!r} does not exist; build it with `python -m marlflow.models prepare --scale "
-        f"<scale> --model <model> --out {model}` (snakemake does this), or fix the model path in matrix.yaml"
+        f"model folder {model!r} does not exist; build it with {_build_command(model)}, or fix the model path "
+        "in matrix.yaml (the preset's `models:`)"
+    )
+
+
+def _build_command(model: str) -> str:
+    """The command that prepares the model folder `model`, filled in when it is results/models/<scale> (the
+    matrix's folders, the `models` rule's outputs); else what to fill in and where it comes from."""
+    from marlflow.config import SCALES
+
+    scale = Path(model).name
+    if scale in ("toy", "smol"):  # built into the folder; --model is not used
+        return (
+            f"`marlflow models prepare --scale {scale} --model {model} --out {model}` (snakemake does this)"
+        )
+    if scale in SCALES and Path(model).parent.as_posix().endswith("results/models"):
+        return f"`snakemake --profile profiles/local {model}` (the `models` rule)"
+    return (
+        f"`marlflow models prepare --scale SCALE --model HUB_ID --out {model}` (SCALE: one of {', '.join(SCALES)}; "
+        "HUB_ID: the scale's hub model, e.g. Qwen/Qwen3-0.6B)"
     )
 
 
@@ -399,7 +416,7 @@ def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):
 def main(argv=None) -> None:
     from marlflow.config import SCALES
 
-    ap = argparse.ArgumentParser(prog="python -m marlflow.models", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="marlflow models", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     toy = sub.add_parser("build-toy", help="build and warm-start the toy model (no READY)")
     prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")

@@ -806,7 +806,7 @@ def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m marlflow.plan", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
     ap.add_argument("--preset", help="preset to plan (default: the file's default_preset)")
     ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")

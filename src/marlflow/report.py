@@ -1223,7 +1223,7 @@ def make_report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marlflow.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="marlflow report", description=__doc__.splitlines()[0])
     parser.add_argument("--tables", required=True, help="folder written by marlflow.aggregate")
     parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
     parser.add_argument("--figures", required=True, help="output folder for PNGs, e.g. results/figures")
@@ -1235,7 +1235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         written = make_report(args.tables, args.runs, args.figures, args.html, args.pages)
     except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"marlflow.report: error: {e}\n")
+        parser.exit(2, f"marlflow report: error: {e}\n")
     pages = default_pages_dir(args.html) if args.pages is None else Path(args.pages)
     print(f"wrote {len(written)} files: figures in {args.figures}, run pages in {pages}")
     print(f"report: {Path(args.html).resolve()}")

@@ -79,6 +79,13 @@ HOSTILE = {
         {"failed"},
         "def f(a):\n    return sorted(a)\n",
     ),
+    "mutates_a_name_the_tests_use_again": (
+        "def f(a):\n    b = list(a)\n    a.clear()\n    return b\n",
+        "a = [3, 1]\nassert f(a) == a\n",  # in plain Python the right side is `a` after the call
+        None,
+        {"failed"},
+        "def f(a):\n    return a\n",
+    ),
     "returns_its_argument": (
         "def f(a):\n    a.sort()\n    return a\n",
         "b = f([3, 1, 2])\nassert b == [1, 2, 3]\na = [2, 1]\nassert f(a) is not a, 'f must return a new list'\n",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import math
 import operator
 import warnings
@@ -130,9 +131,10 @@ def _no():
 
 
 class _Ctx:
-    def __init__(self, env, modules, refs, rename, only, defined=frozenset(), tests_own=frozenset()):
+    def __init__(self, env, modules, refs, rename, only, defined=frozenset(), tests_own=frozenset(),
+                 reused=frozenset()):  # fmt: skip
         self.env, self.modules, self.refs, self.rename, self.only = env, modules, refs, rename, only
-        self.defined, self.tests_own = defined, tests_own
+        self.defined, self.tests_own, self.reused = defined, tests_own, reused
 
     def is_candidate(self, name: str) -> bool:
         if name in self.rename:
@@ -151,6 +153,11 @@ class _Ctx:
     def arg(self, node):
         if isinstance(node, ast.Name) and node.id in self.refs:
             return {"t": "ref", "v": node.id}
+        for sub in ast.walk(node):
+            # A mutable constant the tests name again (`a = [3, 1]; assert f(a) == a`) must be the object the
+            # program mutated, as in plain Python: only the judge can give it that (see `_result.Shared`).
+            if isinstance(sub, ast.Name) and sub.id in self.reused and _mutable(self.env.get(sub.id)):
+                _no()
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and self.is_candidate(node.func.id):
             if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
                 _no()
@@ -187,7 +194,7 @@ class _Ctx:
             if name in WRAPPERS and name not in self.env and node.args:
                 # Wrappers run here with the real builtin, even if the program defines one of that name...
                 inner = _Ctx(self.env, self.modules, self.refs, self.rename, self.only, self.defined,
-                             self.tests_own).chain(node.args[0])  # fmt: skip
+                             self.tests_own, self.reused).chain(node.args[0])  # fmt: skip
                 if inner is not None:
                     try:
                         extra = [const(a, self.env, self.modules) for a in node.args[1:]]
@@ -350,7 +357,8 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
                     target = s.value.args[0].id
                     inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target},
-                                 None if only is None else only | {target}, ctx.defined, ctx.tests_own)  # fmt: skip
+                                 None if only is None else only | {target}, ctx.defined, ctx.tests_own,
+                                 ctx.reused)  # fmt: skip
                     run(f.body, inner)
                     continue
             if isinstance(s, ast.Assert):
@@ -371,13 +379,26 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
 
     # Every name bound in the tests' module scope (helpers, constants, the check function, setup names).
     tests_own = frozenset(module_names(tree)[1])
+    loads = collections.Counter(
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    )
+    reused = frozenset(k for k, n in loads.items() if n > 1)
     try:
-        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own))
+        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own, reused))
     except (NotConvertible, RecursionError, TypeError, ValueError):
         return None
     if checks_defs and not calls and not checks:
         return None  # a check function that was never called: leave it to the fallback
     return {"setup": ast.unparse(setup) if setup else "", "calls": calls, "checks": checks}
+
+
+def _mutable(v, depth: int = 0) -> bool:
+    """Does constant `v` hold a list, dict, set or bytearray (something a call could change in place)?"""
+    if isinstance(v, list | dict | set | bytearray):
+        return True
+    if isinstance(v, tuple | frozenset) and depth < 50:
+        return any(_mutable(x, depth + 1) for x in v)
+    return False
 
 
 def count_asserts(tests: str) -> int:

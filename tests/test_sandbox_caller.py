@@ -260,11 +260,16 @@ def test_names_and_arguments_behave_as_in_plain_python():
             "try:\n    f(1)\nexcept FileNotFoundError as e:\n    assert e.errno == 2\n",
         ),  # fmt: skip (OSError(2, ...) is a FileNotFoundError in plain Python)
     ]
+    unit = ("import unittest\n\nclass T(unittest.TestCase):\n    def test_f(self):\n        with self.assertRaises("
+            "ValueError):\n            f(-1)\n        self.assertEqual(f(2), 4)\n\nunittest.main()\n")  # fmt: skip
+    right = "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x * x\n"
+    jobs.append((right, unit))
     rs = verify_many(jobs, cache=False)
     assert [r.status for r in rs] == ["passed"] * len(jobs), [r.detail for r in rs]
-    # and a program raising the wrong type fails them
-    wrong = ("def f(x):\n    raise TypeError('no')\n", jobs[6][1])
-    assert verify_many([wrong], cache=False)[0].status == "failed"
+    # and programs raising the wrong type (or leaving through SystemExit) fail them
+    wrong = [("def f(x):\n    raise TypeError('no')\n", jobs[6][1]), ("def f(x):\n    return x * x\n", unit),
+             ("import sys\n\ndef f(x):\n    sys.exit(0)\n", unit)]  # fmt: skip
+    assert [r.status for r in verify_many(wrong, cache=False)] == ["failed"] * 3
 
 
 def test_nondeterministic_program_is_never_cached():

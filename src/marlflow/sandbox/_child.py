@@ -23,6 +23,7 @@ import resource
 import signal
 import sys
 import tempfile
+import types
 
 from marlflow.sandbox._guard import (
     _BUILTINS,
@@ -331,8 +332,9 @@ _RAISED: dict = {}  # the exception a proxy last raised for the candidate, and i
 
 def _candidate_exception(info) -> BaseException:
     """The exception to raise in the tests for the candidate's error record `info` (untrusted): an
-    exception of the builtin type it names (so `except ValueError` / `pytest.raises(ValueError)` behave as
-    in plain Python), else CandidateError. The record is kept in `_RAISED` for the verdict."""
+    exception of the builtin Exception type it names (so `except ValueError` / `pytest.raises(ValueError)`
+    behave as in plain Python), else CandidateError (also for SystemExit and KeyboardInterrupt, which
+    must not end the tests as if they had finished). The record is kept in `_RAISED` for the verdict."""
     info = info if isinstance(info, dict) else {}
     clean = {
         "type": str(info.get("type"))[:100] if isinstance(info.get("type"), str) else "Malformed",
@@ -343,7 +345,7 @@ def _candidate_exception(info) -> BaseException:
     }
     cls = _BUILTINS.get(clean["type"])
     exc: BaseException = CandidateError(clean)
-    if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins":
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
         with contextlib.suppress(
             Exception
         ):  # some need more arguments (UnicodeDecodeError): keep CandidateError
@@ -375,7 +377,12 @@ def judge(job: dict, fds: dict, roots: list[str]):
         stage = "tests-compile"
         tree = ast.parse(job["tests"], "<tests>")
         code = compile(tree, "<tests>", "exec")
-        ns: dict = {"__name__": "__main__", "__builtins__": dict(_BUILTINS)}
+        # The tests' namespace is the __main__ module (as for a script), so unittest.main() finds their
+        # TestCase classes; argv is the script's alone.
+        main = types.ModuleType("__main__")
+        ns: dict = main.__dict__
+        ns["__builtins__"] = dict(_BUILTINS)
+        sys.modules["__main__"], sys.argv = main, ["<tests>"]
         stage = "prelude"
         if job.get("prelude"):
             exec(job["prelude"], ns)
@@ -395,11 +402,14 @@ def judge(job: dict, fds: dict, roots: list[str]):
         stage = "tests"
         exec(code, ns)
     except BaseException as e:  # noqa: BLE001
-        info = _RAISED["info"] if _RAISED and _RAISED.get("exc") is e else None
-        _record(write, verdict, b"E", e, "candidate" if info is not None else stage)
-        if info is not None:
-            write(verdict, b"C" + json.dumps(info).encode() + b"\n")
-        exit_(1)
+        # Tests that end with sys.exit(0) (unittest.main()) passed, as the script would on its own. (The
+        # program's own SystemExit reaches the tests as CandidateError, never as SystemExit.)
+        if not (stage == "tests" and type(e) is SystemExit and e.code in (None, 0)):
+            info = _RAISED["info"] if _RAISED and _RAISED.get("exc") is e else None
+            _record(write, verdict, b"E", e, "candidate" if info is not None else stage)
+            if info is not None:
+                write(verdict, b"C" + json.dumps(info).encode() + b"\n")
+            exit_(1)
     write(verdict, b"PASS\n")
     exit_(0)
 

@@ -365,3 +365,15 @@ def test_a_sandbox_that_cannot_start_raises_instead_of_a_verdict(monkeypatch):
     monkeypatch.delenv("MARLFLOW_SANDBOX_ALLOW_WEAK", raising=False)
     with SandboxPool(1) as pool, pytest.raises(sandbox.SandboxUnavailable, match="refusing"):
         pool.map([HEALTH])
+
+
+def test_the_cache_holds_a_bounded_amount_of_output(monkeypatch):
+    from marlflow.sandbox import _pool
+
+    monkeypatch.setattr(_pool, "_CACHE_CHARS", 100_000)
+    sandbox.clear_cache()
+    jobs = [(f"print('x' * 30000)\n\ndef f():\n    return {i}\n", f"assert f() == {i}\n") for i in range(8)]
+    assert all(r.passed and len(r.stdout) > 30000 for r in verify_many(jobs))
+    assert 0 < len(_pool._CACHE) < 8 and _pool._CACHED_CHARS[0] <= 100_000
+    assert _pool._CACHED_CHARS[0] == sum(_pool._chars(r) for r in _pool._CACHE.values())
+    sandbox.clear_cache()

@@ -21,7 +21,10 @@ from marlflow.sandbox._result import SandboxResult, show
 from marlflow.sandbox._supervisor import _read_exact, _send
 from marlflow.sandbox._verdict import CACHEABLE, Prepared, error, prepare, verdict
 
-_CACHE_SIZE = 65536
+_CACHE_SIZE = 65536  # verdicts
+# Characters of stdout/stderr/detail the cache may hold in all: a program printing OUTPUT_CAP per verdict
+# must not grow the trainer's memory to gigabytes (65536 x 128 KiB); least recently used go first.
+_CACHE_CHARS = 64 << 20
 _WARNED: list[bool] = []
 
 
@@ -234,6 +237,11 @@ _POOLS: dict[int, SandboxPool] = {}
 _POOLS_LOCK = threading.Lock()
 _CACHE: collections.OrderedDict[str, SandboxResult] = collections.OrderedDict()
 _CACHE_LOCK = threading.Lock()
+_CACHED_CHARS = [0]
+
+
+def _chars(r: SandboxResult) -> int:
+    return len(r.stdout) + len(r.stderr) + len(r.detail)
 
 
 def _pool(max_workers: int | None) -> SandboxPool:
@@ -262,6 +270,7 @@ def programs_run() -> int:
 def clear_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()
+        _CACHED_CHARS[0] = 0
 
 
 def verify_many(
@@ -297,9 +306,11 @@ def verify_many(
             results[k] = r
             if cache and p.deterministic and r.status in CACHEABLE:
                 with _CACHE_LOCK:
-                    _CACHE[k] = r
-                    while len(_CACHE) > _CACHE_SIZE:
-                        _CACHE.popitem(last=False)
+                    if k not in _CACHE:
+                        _CACHE[k] = r
+                        _CACHED_CHARS[0] += _chars(r)
+                    while len(_CACHE) > _CACHE_SIZE or _CACHED_CHARS[0] > _CACHE_CHARS:
+                        _CACHED_CHARS[0] -= _chars(_CACHE.popitem(last=False)[1])
     return [results[k] for k in keys]
 
 

@@ -52,6 +52,7 @@ _DYNAMIC = frozenset({
     "_getframe", "__loader__", "__spec__", "breakpoint", "urandom", "getrandbits", "perf_counter",
     "attrgetter", "methodcaller", "__getattribute__", "__getattr__", "__class__", "__base__", "__bases__",
     "__mro__", "__code__", "__closure__", "__self__", "__func__", "__module__", "__reduce__", "__reduce_ex__",
+    "getallocatedblocks", "getrefcount", "getpid", "monotonic", "process_time", "thread_time", "time_ns",
 })  # fmt: skip
 
 

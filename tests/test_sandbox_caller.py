@@ -250,6 +250,11 @@ def test_names_and_arguments_behave_as_in_plain_python():
         ("def f(a):\n    return a\n", "t = ([1],)\nassert f(t) is t\n"),
         ("def f(a):\n    a.append(a)\n", "a = []\nf(a)\nassert a[0] is a\n"),  # a cycle
         (
+            "def f(c):\n    c['a'] += 1\n",
+            "from collections import Counter\nc = Counter('ab')\nf(c)\n"
+            "assert c == Counter({'a': 2, 'b': 1}) and type(c) is Counter\n",
+        ),  # fmt: skip
+        (
             "def f(x):\n    raise ValueError('no')\n",
             "try:\n    f(1)\nexcept ValueError as e:\n    assert 'no' in str(e)\n"
             "else:\n    raise AssertionError('expected ValueError')\n",

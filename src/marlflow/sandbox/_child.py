@@ -300,11 +300,14 @@ def _update(node, state, nodes: list) -> None:
         return
     if t is list and type(state) is list:
         node[:] = [from_wire(x, 1, nodes=nodes) for x in state]
-    elif t is dict and type(state) is list and all(type(p) is list and len(p) == 2 for p in state):
+    elif (
+        isinstance(node, dict) and type(state) is list and all(type(p) is list and len(p) == 2 for p in state)
+    ):
         pairs = [(from_wire(k, 1, nodes=nodes), from_wire(x, 1, nodes=nodes)) for k, x in state]
         _hashable([k for k, _ in pairs], "dict key")
         node.clear()
-        node.update(pairs)
+        for k, x in pairs:  # item by item: Counter.update would add counts; OrderedDict keeps its order
+            node[k] = x
     elif t is set and type(state) is list:
         items = _hashable([from_wire(x, 1, nodes=nodes) for x in state], "set item")
         node.clear()

@@ -592,6 +592,12 @@ def test_pages_in_headless_chromium(tmp_path, source, request):
 FIRST_SCREEN = 800  # a 1280 x 800 window: what a reader sees before scrolling
 
 
+def report_shipped_toy() -> Path:
+    from marlflow.models import SHIPPED_TOY
+
+    return SHIPPED_TOY
+
+
 def findings_rows(exe: str, html_file: Path, shot: Path, tmp: Path) -> np.ndarray:
     """Screenshot the page's first screen; the pixel rows at least 30% filled with the findings box's
     background colour (report.FINDINGS_BG, used by nothing else on the page)."""
@@ -609,7 +615,15 @@ def test_findings_in_first_screen(tmp_path, signal_runs):
     """At 1280 x 800 the findings box starts near the top and ends on the first screen; the same check on a
     copy with the box moved below the provenance table fails (so it can)."""
     exe = chromium()
+    for path in signal_runs:  # the toy model rows of provenance carry a 64-character hash: they must wrap
+        cfg = json.loads(Path(path).with_name("config.json").read_text())
+        Path(path).with_name("config.json").write_text(
+            json.dumps({**cfg, "model": str(report_shipped_toy())})
+        )
     html_file = build(tmp_path, signal_runs)["report.html"]
+    check = layout(exe, html_file, tmp_path)
+    assert "weights_sha256" in html_file.read_text() and check["page"] <= check["W"], check
+    assert all(t["sw"] <= t["box"] for t in check["tables"]), check  # no table wider than its box
     shots = Path(os.environ.get("MARLFLOW_REPORT_SHOTS", tmp_path / "shots")) / "first_screen"
     shots.mkdir(parents=True, exist_ok=True)
     rows = findings_rows(exe, html_file, shots / "report.png", tmp_path)

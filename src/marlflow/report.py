@@ -129,6 +129,7 @@ details{margin:.3em 0}summary{cursor:pointer}
 .call{border-left:3px solid #ccc;padding-left:.7em;margin:.5em 0 .8em}
 .ok{color:#1b7f3b}.bad{color:#b00020}
 .kv td:first-child{font-weight:600;background:#f6f6f6;white-space:nowrap}
+.kv td:last-child{overflow-wrap:anywhere}
 .ci{color:#666;font-size:11px;white-space:nowrap}
 .supported{color:#1b7f3b;font-weight:600}.contradicted{color:#b00020;font-weight:600}
 .findings{background:FINDINGS_BG;border:2px solid #d9a520;border-radius:6px;padding:.5em 1.2em .7em;

@@ -233,6 +233,7 @@ def plot_grad_norm(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
             zero += int((r["grad_norm"] <= 0).sum())
             ax.plot(r["step"], y, color=role_colour(role), lw=1.0)
         ax.set_yscale("log")
+        ax.tick_params(axis="y", which="both", labelsize=7)  # log minor labels would default to 10 pt
         if zero:
             ax.text(0.99, 0.02, f"{zero} zero-gradient role-steps not drawn", transform=ax.transAxes,
                     ha="right", va="bottom", fontsize=6, color="#555")  # fmt: skip

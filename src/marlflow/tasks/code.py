@@ -75,6 +75,9 @@ class CodeTask:
             raise RuntimeError(f"the code sandbox failed a trivial program ({r.status}: {r.detail})")
 
     def score(self, problems: Sequence[Problem], outputs: Sequence[str]) -> list[float]:
+        """1.0 per output whose program passes its problem's tests, else 0.0. No output can make this raise:
+        whatever goes wrong judging one program is its verdict (`error`, `crashed`, ...: reward 0). Only a
+        malformed problem (empty tests) or a sandbox that cannot start raises (ValueError, SandboxUnavailable)."""
         if len(problems) != len(outputs):
             raise ValueError(f"{len(problems)} problems but {len(outputs)} outputs")
         jobs, idx = [], []

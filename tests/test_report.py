@@ -401,7 +401,7 @@ def test_findings_box(tmp_path, signal_runs):
         "Smallest terminal gain (terminal - base)</b>: voting-ip toy math: base 0.300, peak 0.600 (step 10), "
         "terminal 0.400 (one seed)",
         # SP - IP per workflow x task, with the noise of one pair: 2 sqrt(se_SP^2 + se_IP^2) at the peaks
-        "one seed pair each, so no CI; eval noise: 2 x the SE of the two peak evaluations",
+        "one seed pair each, so no CI; eval noise = 2 x the SE of the two peak evals",
         "voting toy math: peak -0.150, terminal -0.050: IP peak higher by more than the eval noise (0.099)",
         "orch_workers toy math: peak +0.250, terminal +0.117: SP peak higher",
         # the cliff with its values and steps, the format-failure rise with its values and steps
@@ -610,17 +610,52 @@ def findings_rows(exe: str, html_file: Path, shot: Path, tmp: Path) -> np.ndarra
     return np.flatnonzero((np.abs(img - bg).max(axis=2) <= 2).mean(axis=1) >= 0.3)
 
 
+def toy_matrix(root: Path) -> list[str]:
+    """The default toy matrix's 14 runs (single SP; Eval-Opt, Voting, Orch-Workers x SP / IP; math, code)
+    with everything the findings box lists at its longest: cliffs, format-failure rises in several runs,
+    bases below the band, an SP - IP difference in every cell."""
+    roles = {"single": ["generator"], "eval_opt": ["generator", "evaluator"], "voting": ["generator", "aggregator"],
+             "orch_workers": ["orchestrator", "worker", "synthesizer"]}  # fmt: skip
+    paths = []
+    cells = [
+        (w, sh, t)
+        for w in roles
+        for sh in (("sp",) if w == "single" else ("sp", "ip"))
+        for t in ("math", "code")
+    ]
+    for i, (wf, sh, task) in enumerate(cells):
+        base = 0.07 if wf == "orch_workers" and task == "math" else 0.3
+        peak = min(0.95, base + 0.3 + 0.04 * i)
+        acc = [base, peak, peak - (0.2 if i % 5 == 0 else 0.0)]
+        sup = roles[wf][-1]
+        ff = {sup: [0.09, 0.4, 0.795]} if wf in ("voting", "eval_opt") else None
+        shares = {r: 1.0 / len(roles[wf]) for r in roles[wf]}
+        paths.append(make_run(root, f"{wf}-{sh}-toy-{task}-s0", acc, shares, careless=[0.7, 0.3, 0.1],
+                              format_failure=ff))  # fmt: skip
+    return paths
+
+
 @pytest.mark.slow
-def test_findings_in_first_screen(tmp_path, signal_runs):
-    """At 1280 x 800 the findings box starts near the top and ends on the first screen; the same check on a
-    copy with the box moved below the provenance table fails (so it can)."""
+def test_findings_in_first_screen(tmp_path):
+    """At 1280 x 800 the findings box of a full toy matrix (14 runs, every finding at its longest) starts near
+    the top and ends on the first screen; the same check on a copy with the box moved below the provenance
+    table fails (so it can)."""
     exe = chromium()
-    for path in signal_runs:  # the toy model rows of provenance carry a 64-character hash: they must wrap
+    runs = toy_matrix(tmp_path)
+    for path in runs:  # the toy model rows of provenance carry a 64-character hash: they must wrap
         cfg = json.loads(Path(path).with_name("config.json").read_text())
         Path(path).with_name("config.json").write_text(
             json.dumps({**cfg, "model": str(report_shipped_toy())})
         )
-    html_file = build(tmp_path, signal_runs)["report.html"]
+    html_file = build(tmp_path, runs)["report.html"]
+    box = findings_box(html_file.read_text())
+    assert (
+        box.count("&#x27;s format-failure rate rises") == 3
+        and "more roles whose format-failure rate rises" in box
+    )
+    assert (
+        box.count(" toy math: peak ") + box.count(" toy code: peak ") == 6 and "toy bases are outside" in box
+    )
     check = layout(exe, html_file, tmp_path)
     assert "weights_sha256" in html_file.read_text() and check["page"] <= check["W"], check
     assert all(t["sw"] <= t["box"] for t in check["tables"]), check  # no table wider than its box

@@ -132,9 +132,9 @@ details{margin:.3em 0}summary{cursor:pointer}
 .kv td:last-child{overflow-wrap:anywhere}
 .ci{color:#666;font-size:11px;white-space:nowrap}
 .supported{color:#1b7f3b;font-weight:600}.contradicted{color:#b00020;font-weight:600}
-.findings{background:FINDINGS_BG;border:2px solid #d9a520;border-radius:6px;padding:.5em 1.2em .7em;
-  margin:.6em 0 1.2em}
-.findings h2{margin:.2em 0 .3em;border:0}.findings ul{margin:.2em 0;padding-left:1.2em}.findings li{margin:.25em 0}
+.findings{background:FINDINGS_BG;border:2px solid #d9a520;border-radius:6px;padding:.4em 1.2em .5em;
+  margin:.6em 0 1.2em;font-size:.92em;line-height:1.35}
+.findings h2{margin:.1em 0 .2em;border:0}.findings ul{margin:.1em 0;padding-left:1.2em}.findings li{margin:.15em 0}
 .banner{font-weight:600;color:#6b4700;margin:.2em 0 .4em}.warn{color:#b00020;font-weight:600}
 """.replace("FINDINGS_BG", FINDINGS_BG)
 
@@ -413,7 +413,8 @@ def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------- findings
 
-SHOWN = 4  # most runs or cells named per finding; the full lists are in the sections below
+SHOWN = 3  # most runs named per finding (cliffs, failures); the full lists are in the sections below
+SHOWN_CELLS = 6  # most SP - IP cells, the largest peak differences first (the box must fit the first screen)
 
 
 def _spread(values: pd.Series) -> str:
@@ -487,7 +488,12 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
             parts.append(text)
         label = cell_label(cell, sharing=False)
         if pairs >= 2:
-            out.append(f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs)")
+            out.append(
+                (
+                    abs(float(by["peak"]["mean"])),
+                    f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs)",
+                )
+            )
             continue
         same = (
             summary[["workflow", "scale", "task", "intervention"]] == [key[0], key[2], key[3], key[4]]
@@ -503,8 +509,15 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
             )
         else:
             verdict = "eval noise unknown (no se for exactly one SP and one IP run)"
-        out.append(f"{esc(label)}: {esc(', '.join(parts))}: {esc(verdict)}")
-    return out or ["no cell has both an SP and an IP run"]
+        out.append((abs(side), f"{esc(label)}: {esc(', '.join(parts))}: {esc(verdict)}"))
+    if not out:
+        return ["no cell has both an SP and an IP run"]
+    shown = [text for _, text in sorted(out, key=lambda x: -x[0])[:SHOWN_CELLS]]
+    if len(out) > SHOWN_CELLS:
+        shown.append(
+            f"{len(out) - SHOWN_CELLS} more cells with smaller peak differences: Paired SP - IP below"
+        )
+    return shown
 
 
 def cliff_lines(summary: pd.DataFrame) -> str:
@@ -594,12 +607,12 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
     items += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in best_worst(summary)]
     sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
     how = (
-        "one seed pair each, so no CI; eval noise: 2 x the SE of the two peak evaluations"
+        "one seed pair each, so no CI; eval noise = 2 x the SE of the two peak evals"
         if one_seed(s)
         else "mean over seed pairs [95% CI]"
     )
     items.append(
-        f"<li><b>SP - IP</b> (peak and terminal = mean of the last 3 evals; {how}):<ul>"
+        f"<li><b>SP - IP</b> (peak; terminal = mean of the last 3 evals; {how}):<ul>"
         + "".join(f"<li>{x}</li>" for x in sp_ip)
         + "</ul></li>"
     )

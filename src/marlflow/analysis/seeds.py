@@ -132,10 +132,9 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
 
 # Said once (tables' .md files and report.html) where no cell has two seeds, instead of a column of "n/a".
 ONE_SEED_BANNER = (
-    "One seed per cell: no confidence interval or verdict can be computed (both need >= 2 seeds per cell), "
-    "so the numbers below are single runs. For CIs rerun with more seeds: "
-    "`snakemake --profile profiles/local --config seeds=[0,1,2]` (add `preset=NAME` for another preset; "
-    "`preset=toy_seeds` is the toy matrix x 3 seeds)."
+    "One seed per cell: no confidence interval or verdict (both need >= 2 seeds per cell); each number is one "
+    "run. For CIs rerun with seeds: `snakemake --profile profiles/local --config seeds=[0,1,2]` (for the toy "
+    "matrix, `preset=toy_seeds` is the same)."
 )
 
 

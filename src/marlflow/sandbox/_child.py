@@ -392,7 +392,7 @@ def judge(job: dict, fds: dict, roots: list[str]):
         # Names the tests load but do not define in their own module scope are the program's; a name the
         # tests (or the prelude) define stays theirs, whatever the program defines.
         loaded, bound = module_names(tree)
-        names = (loaded - bound - set(_BUILTINS) - set(ns)) | set(job.get("proxies") or ())
+        names = (set(loaded) - bound - set(_BUILTINS) - set(ns)) | set(job.get("proxies") or ())
         req = os.fdopen(fds["req"], "wb", buffering=0)
         resp = os.fdopen(fds["resp"], "rb")
         for name in names:

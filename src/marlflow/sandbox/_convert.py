@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import collections
 import math
 import operator
 import warnings
@@ -153,10 +152,10 @@ class _Ctx:
     def arg(self, node):
         if isinstance(node, ast.Name) and node.id in self.refs:
             return {"t": "ref", "v": node.id}
-        for sub in ast.walk(node):
+        for sub in ast.walk(node) if any(_mutable(v) for v in self.env.values()) else ():
             # A mutable constant the tests name again (`a = [3, 1]; assert f(a) == a`) must be the object the
             # program mutated, as in plain Python: only the judge can give it that (see `_result.Shared`).
-            if isinstance(sub, ast.Name) and sub.id in self.reused and _mutable(self.env.get(sub.id)):
+            if isinstance(sub, ast.Name) and _mutable(self.env.get(sub.id)) and sub.id in self.reused:
                 _no()
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and self.is_candidate(node.func.id):
             if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
@@ -284,15 +283,19 @@ def _check_for(test: ast.AST, ctx: _Ctx):
     return None
 
 
-def convert(tests: str, entry_point: str | None = None, code: str | None = None):
+def convert(
+    tests: str, entry_point: str | None = None, code: str | None = None, tree: ast.Module | None = None
+):
     """{"setup", "calls", "checks"} for tests in a convertible shape, else None. `entry_point`: only this
-    function (and `candidate` under check) is the program's; other names called are not trusted to it."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(tests)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    function (and `candidate` under check) is the program's; other names called are not trusted to it.
+    `tree`: `tests` already parsed (it is not changed)."""
+    if tree is None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(tests)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
     env: dict = {"__shadowed__": _defined(code)}
     modules: set[str] = {"math"}  # tests ran in the program's globals, where `math` was usually imported
     checks_defs: dict[str, ast.FunctionDef] = {}
@@ -378,11 +381,8 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
             raise NotConvertible(type(s).__name__)
 
     # Every name bound in the tests' module scope (helpers, constants, the check function, setup names).
-    tests_own = frozenset(module_names(tree)[1])
-    loads = collections.Counter(
-        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    )
-    reused = frozenset(k for k, n in loads.items() if n > 1)
+    tests_own = frozenset(module_names(tree, loads=False)[1])  # (`x := ...` never converts anyway)
+    reused = _Reused(tree)
     try:
         run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own, reused))
     except (NotConvertible, RecursionError, TypeError, ValueError):
@@ -390,6 +390,19 @@ def convert(tests: str, entry_point: str | None = None, code: str | None = None)
     if checks_defs and not calls and not checks:
         return None  # a check function that was never called: leave it to the fallback
     return {"setup": ast.unparse(setup) if setup else "", "calls": calls, "checks": checks}
+
+
+class _Reused:
+    """`name in reused`: is `name` loaded more than once in the tests? Counted on first use only (a walk
+    over every node; most tests never ask)."""
+
+    def __init__(self, tree: ast.AST):
+        self.tree, self.loads = tree, None
+
+    def __contains__(self, name: str) -> bool:
+        if self.loads is None:
+            self.loads = module_names(self.tree)[0]
+        return self.loads[name] > 1
 
 
 def _mutable(v, depth: int = 0) -> bool:

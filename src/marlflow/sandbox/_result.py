@@ -127,36 +127,49 @@ WRAPPER_NAMES = ("set", "frozenset", "sorted", "tuple", "list", "len", "abs", "r
                  "bool", "sum", "min", "max", "dict")  # fmt: skip
 
 
-def module_names(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """(names loaded anywhere, names bound in the module's own scope) of parsed test code. A name bound
-    only inside a function (an argument, a local) is not a module name; `global x` in a function binds x."""
-    loaded, bound = set(), set()
-    todo = [(tree, True)]
+_BLOCKS = ("body", "orelse", "finalbody", "handlers")
+
+
+def module_names(tree: ast.AST, loads: bool = True) -> tuple[collections.Counter, set[str]]:
+    """(how often each name is loaded, anywhere; names bound in the module's own scope) of parsed test
+    code. A name bound only inside a function (an argument, a local) is not a module name; `global x` in
+    a function binds x, and so does `x := ...` anywhere (conservatively). With loads=False only the
+    statements are read (no walk over every expression: fast) and the counter is empty; `:=` is missed."""
+    counts: collections.Counter = collections.Counter()
+    bound: set[str] = set()
+    for n in ast.walk(tree) if loads else ():
+        if type(n) is ast.Name and type(n.ctx) is ast.Load:
+            counts[n.id] += 1
+        elif type(n) is ast.NamedExpr and type(n.target) is ast.Name:
+            bound.add(n.target.id)
+    todo = [(getattr(tree, "body", []), True)]  # statement lists: (statements, in the module's scope)
     while todo:
-        node, top = todo.pop()
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load):
-                loaded.add(node.id)
+        body, top = todo.pop()
+        for st in body:
+            t = type(st)
+            if t in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+                if top:
+                    bound.add(st.name)
+                todo.append((st.body, False))  # only for `global`
+                continue
+            if t is ast.Global:
+                bound.update(st.names)
             elif top:
-                bound.add(node.id)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            if top and not isinstance(node, ast.Lambda):
-                bound.add(node.name)
-            for child in ast.iter_child_nodes(node):
-                todo.append((child, False))
-            continue
-        elif isinstance(node, ast.alias) and top:
-            bound.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name and top:
-            bound.add(node.name)
-        elif isinstance(node, ast.Global):
-            bound.update(node.names)
-        elif isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
-            for child in ast.iter_child_nodes(node):
-                todo.append((child, False))  # comprehension variables are its own
-            continue
-        todo.extend((child, top) for child in ast.iter_child_nodes(node))
-    return loaded, bound
+                targets = []
+                if t is ast.Assign:
+                    targets = st.targets
+                elif t in (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor):
+                    targets = [st.target]
+                elif t in (ast.With, ast.AsyncWith):
+                    targets = [i.optional_vars for i in st.items if i.optional_vars is not None]
+                elif t in (ast.Import, ast.ImportFrom):
+                    bound.update((a.asname or a.name).split(".")[0] for a in st.names)
+                elif t is ast.ExceptHandler and st.name:
+                    bound.add(st.name)
+                for tg in targets:
+                    bound.update(x.id for x in ast.walk(tg) if type(x) is ast.Name)
+            todo.extend((getattr(st, f), top) for f in _BLOCKS if isinstance(getattr(st, f, None), list))
+    return counts, bound
 
 
 # ------------------------------------------------------------------------------------- strict encoding

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import warnings
 from dataclasses import dataclass, field
@@ -56,32 +57,26 @@ _DYNAMIC = frozenset({
 })  # fmt: skip
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `import a.b as c, d` / `from .x import y`, wherever they stand (after `:` or `;` too).
+_IMPORT = re.compile(r"\bfrom[ \t]+(\.*[\w.]*)[ \t]+import\b|\bimport[ \t]+([\w. \t,]+)")
+
+
 def deterministic(*sources: str) -> bool:
     """True when none of `sources` (program, tests, prelude) can make a run differ from the last: every
-    import is of a _PURE_MODULES module, no name, attribute or string is in _DYNAMIC. Static and
-    conservative (a False only costs a rerun); string hashes are fixed by the workers' PYTHONHASHSEED."""
+    import is of a _PURE_MODULES module and no word of the text (code, strings, comments) is in
+    _DYNAMIC. Read as text, not parsed (so a dynamic name hidden in a string counts too, and it costs
+    microseconds); conservative: a False only costs a rerun. String hashes are fixed by the workers'
+    PYTHONHASHSEED."""
     for src in sources:
         if not src:
             continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                tree = ast.parse(src)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue  # never runs past compiling: the same syntax error every time
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Import) and any(a.name.split(".")[0] not in _PURE_MODULES for a in n.names):
+        for frm, names in _IMPORT.findall(src):
+            mods = [frm] if frm else [x.split()[0] for x in names.split(",") if x.strip()]
+            if any(m.startswith(".") or m.split(".")[0] not in _PURE_MODULES for m in mods):
                 return False
-            if isinstance(n, ast.ImportFrom) and (
-                n.level or (n.module or "").split(".")[0] not in _PURE_MODULES
-            ):
-                return False
-            if (
-                (isinstance(n, ast.Name) and n.id in _DYNAMIC)
-                or (isinstance(n, ast.Attribute) and n.attr in _DYNAMIC)
-                or (isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in _DYNAMIC)
-            ):
-                return False
+        if not _DYNAMIC.isdisjoint(_WORD.findall(src)):
+            return False
     return True
 
 
@@ -131,18 +126,25 @@ class UsageError(ValueError):
     """A job that is wrong as given (raised to the caller, never a verdict)."""
 
 
-def _vacuous(tests: str) -> bool:
-    """True for tests with nothing to run: empty, blank, comments, docstrings, `pass`."""
-    if not tests.strip():
-        return True
+def parse_tests(tests: str):
+    """(tree, None) or (None, the exception) for test code; never raises (deep nesting included)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = ast.parse(tests).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False  # not empty: judged, and an `error` verdict says why it does not compile
-    return all(isinstance(x, ast.Pass) or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
-               for x in body)  # fmt: skip
+            return ast.parse(tests), None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        return None, e
+
+
+def _vacuous(tests: str, tree) -> bool:
+    """True for tests with nothing to run: empty, blank, comments, docstrings, `pass`. Tests that do not
+    parse are not empty: they are judged, and an `error` verdict says why they do not compile."""
+    if not tests.strip():
+        return True
+    return tree is not None and all(
+        isinstance(x, ast.Pass) or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
+        for x in tree.body
+    )
 
 
 def error(detail: str) -> SandboxResult:
@@ -155,8 +157,9 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
     nothing to run) raises ValueError/TypeError naming the field; anything else that goes wrong with
     this job's tests becomes its `error` verdict (p.error), never an exception."""
     d = normalize(job, timeout, memory_mb)
-    stdio = d["tests"].startswith(STDIO_MARKER) or d["expect"] is not None
-    if not stdio and not d["tests"].startswith(CALLS_MARKER) and _vacuous(d["tests"]):
+    python = not (d["tests"].startswith((STDIO_MARKER, CALLS_MARKER)) or d["expect"] is not None)
+    tree, parse_error = parse_tests(d["tests"]) if python else (None, None)
+    if python and _vacuous(d["tests"], tree):
         raise ValueError(
             "job tests are empty (nothing but blanks, comments or docstrings): give asserts, or "
             "stdin/expect for a stdin/stdout case; an empty test would pass every program"
@@ -167,7 +170,7 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
     p = Prepared(head=head, key=job_key(d))
     try:
         p.deterministic = deterministic(d["code"], d["tests"], d.get("prelude") or "", d.get("setup") or "")
-        _prepare(p, d)
+        _prepare(p, d, tree, parse_error)
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - deep nesting, memory, a bug of ours: this job's verdict
@@ -175,7 +178,7 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
     return p
 
 
-def _prepare(p: Prepared, d: dict) -> None:
+def _prepare(p: Prepared, d: dict, tree, parse_error) -> None:
     head, tests = p.head, d["tests"]
     if tests.startswith(STDIO_MARKER) or d["expect"] is not None:
         head["mode"] = "stdio"
@@ -204,18 +207,15 @@ def _prepare(p: Prepared, d: dict) -> None:
         if not p.checks:
             raise UsageError("job tests have no call cases: give at least one [args, expected]")
         return
-    conv = convert(tests, d.get("entry_point"), d["code"])
+    if parse_error is not None:
+        e = parse_error
+        p.error = error(f"the tests do not compile: {type(e).__name__}: {show(str(e), 300)}")
+        return
+    conv = convert(tests, d.get("entry_point"), d["code"], tree=tree)
     if conv is not None:
         setup = "\n".join(x for x in (d.get("setup") or "", conv["setup"]) if x)
         head.update(calls=conv["calls"], setup=setup)
         p.checks = conv["checks"]
-        return
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ast.parse(tests)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        p.error = error(f"the tests do not compile: {type(e).__name__}: {show(str(e), 300)}")
         return
     head["mode"] = "judge"
     if d.get("setup"):

@@ -261,6 +261,10 @@ def test_names_and_arguments_behave_as_in_plain_python():
         ),  # fmt: skip
         ("def f(x):\n    return {}[x]\n", "import pytest\nwith pytest.raises(KeyError):\n    f(1)\n"),
         (
+            "import json\n\ndef f(x):\n    return json.loads(x)\n",
+            "try:\n    f('{')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\n",
+        ),  # fmt: skip (a JSONDecodeError is a ValueError)
+        (
             "def f(x):\n    raise OSError(2, 'gone')\n",
             "try:\n    f(1)\nexcept FileNotFoundError as e:\n    assert e.errno == 2\n",
         ),  # fmt: skip (OSError(2, ...) is a FileNotFoundError in plain Python)

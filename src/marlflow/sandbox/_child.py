@@ -253,7 +253,9 @@ def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: bool = False) ->
     except BaseException as e:  # noqa: BLE001 - an exception is the call's answer
         errno = getattr(e, "errno", None)
         tag, value = "err", {"type": type(e).__name__, "msg": str(e)[:300] if _plain_str(e) else "",
-                             "errno": errno if isinstance(errno, int) else None}  # fmt: skip
+                             "errno": errno if isinstance(errno, int) else None,
+                             # the nearest builtin class: `except ValueError` catches json.JSONDecodeError
+                             "base": next((c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"), "")}  # fmt: skip
     try:
         memo = Shared(nodes) if shared else None
         states = [_contents(n, memo) for n in nodes] if shared else None
@@ -346,12 +348,13 @@ def _candidate_exception(info) -> BaseException:
         if type(info.get("errno")) is int and abs(info["errno"]) < 1 << 16
         else None,
     }
-    cls = _BUILTINS.get(clean["type"])
+    # The nearest builtin class of the program's exception (itself for a ValueError; ValueError for a
+    # json.JSONDecodeError or the program's own `class E(ValueError)`), as `except ValueError` sees it.
+    base = info.get("base") if isinstance(info.get("base"), str) else clean["type"]
+    cls = _BUILTINS.get(base[:100])
     exc: BaseException = CandidateError(clean)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-        with contextlib.suppress(
-            Exception
-        ):  # some need more arguments (UnicodeDecodeError): keep CandidateError
+        with contextlib.suppress(Exception):  # some need more arguments (UnicodeDecodeError): CandidateError
             exc = cls(clean["errno"], clean["msg"]) if clean["errno"] is not None and issubclass(
                 cls, OSError) else cls(clean["msg"])  # fmt: skip
     _RAISED.clear()

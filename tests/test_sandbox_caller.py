@@ -276,7 +276,8 @@ def test_names_and_arguments_behave_as_in_plain_python():
     rs = verify_many(jobs, cache=False)
     assert [r.status for r in rs] == ["passed"] * len(jobs), [r.detail for r in rs]
     # and programs raising the wrong type (or leaving through SystemExit) fail them
-    wrong = [("def f(x):\n    raise TypeError('no')\n", jobs[6][1]), ("def f(x):\n    return x * x\n", unit),
+    expects_value_error = next(t for c, t in jobs if "raise ValueError('no')" in c)
+    wrong = [("def f(x):\n    raise TypeError('no')\n", expects_value_error), ("def f(x):\n    return x * x\n", unit),
              ("import sys\n\ndef f(x):\n    sys.exit(0)\n", unit)]  # fmt: skip
     assert [r.status for r in verify_many(wrong, cache=False)] == ["failed"] * 3
 

@@ -4,8 +4,9 @@ tasks.
 The parity task (reward = output length is odd) gives every GRPO group reward variance even on a barely
 trained model, so subprocess tests of resume and kills exercise real, non-zero updates.
 
-The drift task trains on parity too, but scores a test problem 1 only while the workflow's output is the one
-it gave at its first evaluation, step 0's. The record sits beside the run folder, one per step-0 evaluation
+The drift task trains on parity too, but scores a held-out problem (a test problem, or one of the run's
+validation problems, `Drift.held_out`) 1 only while the workflow's output is the one it gave at its first
+evaluation, step 0's. The record sits beside the run folder, one per step-0 evaluation
 (`marlflow.base_eval.key`): a resumed run, and a run that reads step 0 from the cell's shared evaluation instead
 of scoring it itself, score against the same record.
 eval accuracy starts at 1 and falls as soon as training changes what the workflow says, a certain cliff for
@@ -37,16 +38,19 @@ class Parity(ToyMath):
 class Drift(ToyMath):
     name = "drift"
     record: Path | None = None  # set from --out below (or by an in-process test)
+    held_out: frozenset = frozenset()  # uids of the run's validation problems (marlflow.tasks.splits)
 
     def score(self, problems, outputs):
-        test = [_is_test(p.prompt) for p in problems]
+        test = [_is_test(p.prompt) or p.uid in self.held_out for p in problems]
         if not any(test):
             return [float(len(o) % 2) for o in outputs]
-        if not self.record.exists():  # the first eval: the workflow's final outputs are the reference
+        base = json.loads(self.record.read_text()) if self.record.exists() else {}
+        new = {p.uid: o for p, o, t in zip(problems, outputs, test) if t and p.uid not in base}
+        if new:  # a problem's first eval (step 0's): the workflow's final output is the reference
             tmp = self.record.with_suffix(".tmp")
-            tmp.write_text(json.dumps({p.uid: o for p, o in zip(problems, outputs)}))
+            tmp.write_text(json.dumps({**base, **new}))
             os.replace(tmp, self.record)
-        base = json.loads(self.record.read_text())
+            base = {**base, **new}
         return [
             float(base.get(p.uid) == o) if t else float(len(o) % 2)
             for p, o, t in zip(problems, outputs, test)
@@ -102,10 +106,13 @@ def signal_at(spec: str) -> None:
 if __name__ == "__main__":
     from marlflow import base_eval
     from marlflow.config import RunConfig
+    from marlflow.tasks.splits import run_splits
     from marlflow.train import main
 
     if os.environ.get("MARLFLOW_TEST_SIGNAL"):
         signal_at(os.environ["MARLFLOW_TEST_SIGNAL"])
     out, config = (Path(sys.argv[sys.argv.index(flag) + 1]) for flag in ("--out", "--config"))
-    Drift.record = out.parent / f"drift_base-{base_eval.key(RunConfig.load(config))}.json"
+    cfg = RunConfig.load(config)
+    Drift.record = out.parent / f"drift_base-{base_eval.key(cfg)}.json"
+    Drift.held_out = frozenset(p.uid for p in run_splits(Drift(), cfg.task)[1])
     sys.exit(main())

@@ -389,3 +389,26 @@ def _bad_samples(root) -> list[str]:
     paths = write_runs(root, samples=False)
     pd.DataFrame({"run_id": ["x"]}).to_parquet(root / "runs" / CLIFF / "samples.parquet")
     return paths
+
+
+def test_heldout_peak_is_selected_on_validation_and_read_on_test():
+    """The test curve peaks at step 10 and the validation curve at step 20: peak_heldout is the test accuracy
+    at step 20 (never the test maximum); a run without validation rows gets NaN; a run whose validation
+    accuracy never beats step 0 selects step 0 (gain 0)."""
+    steps = [0, 10, 20, 30]
+    m = eval_rows("voting-sp-toy-math-s0", steps, [0.30, 0.80, 0.50, 0.40])
+    for s, a in zip(steps, [0.2, 0.3, 0.6, 0.5]):
+        m += rows(factors("voting-sp-toy-math-s0"), s, "val", "all", {"accuracy": a, "n_eval": 64})
+    m += eval_rows("voting-ip-toy-math-s0", steps, [0.30, 0.80, 0.50, 0.40])
+    m += eval_rows("single-sp-toy-math-s0", steps, [0.30, 0.80, 0.50, 0.40])
+    for s, a in zip(steps, [0.6, 0.5, 0.6, 0.2]):
+        m += rows(factors("single-sp-toy-math-s0"), s, "val", "all", {"accuracy": a, "n_eval": 64})
+    s = summarize_runs(pd.DataFrame(m)).set_index("run_id")
+    assert list(s.reset_index().columns) == SUMMARY_COLUMNS
+    r = s.loc["voting-sp-toy-math-s0"]
+    assert r.peak == 0.80 and r.peak_heldout_step == 20 and r.peak_heldout == 0.50
+    assert r.gain_heldout == pytest.approx(0.20)
+    assert pd.isna(s.loc["voting-ip-toy-math-s0", "peak_heldout"])
+    assert pd.isna(s.loc["voting-ip-toy-math-s0", "peak_heldout_step"])
+    single = s.loc["single-sp-toy-math-s0"]
+    assert single.peak_heldout_step == 0 and single.gain_heldout == 0.0

@@ -113,7 +113,7 @@ def test_cache_key_follows_the_evaluations_inputs(make_cfg, tmp_path):
     same = [
         make_cfg("voting", "ip"),
         make_cfg("voting", "sp", steps=7, learning_rate=3e-3, lora_r=8, temperature=1.3, group_size=2),
-        dataclasses.replace(cfg, intervention="guard", intervention_spec={"kind": "cliff_guard"}),
+        dataclasses.replace(cfg, intervention="srn", intervention_spec={"kind": "same_role_norm"}),
     ]
     assert all(base_eval.key(c) == k for c in same)
     other = [
@@ -122,6 +122,7 @@ def test_cache_key_follows_the_evaluations_inputs(make_cfg, tmp_path):
         make_cfg("voting", "sp", max_completion_length=16),
         dataclasses.replace(cfg, seed=1),
         dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_size=7)),
+        dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, val_size=3)),  # step 0 evaluates them too
         dataclasses.replace(cfg, threads=2),
     ]
     assert len({k, *(base_eval.key(c) for c in other)}) == len(other) + 1

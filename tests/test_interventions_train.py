@@ -116,6 +116,9 @@ def test_bad_intervention_definitions_are_refused(make_cfg):
         _with(cfg, "none", kind="coherence")
     full = _with(cfg, "coh", kind="coherence")
     assert full.intervention_spec == {"kind": "coherence", "lam": 0.3, "window": 128}  # defaults filled in
+    with pytest.raises(ConfigError, match="task.val_size >= 1"):  # cliff_guard never selects on test problems
+        _with(cfg, "cg", kind="cliff_guard")
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, val_size=4))
     for spec, msg in [
         (dict(kind="cliff_guard", lr_factor=0), "lr_factor is 0"),
         (dict(kind="cliff_guard", max_restores=1.5), "max_restores is 1.5; it must be an integer"),
@@ -140,8 +143,11 @@ def test_sigkill_then_resume_equals_uninterrupted_with_cliff_guard_state(make_cf
     """The drift task (tests/parity_train.py) scores the first eval's outputs 1, so eval accuracy starts at 1
     and falls once training changes them. Measured on this config: a restore of step 0 at step 1 (before the
     kill inside step 3) and one at step 4 (after the resume, from the checkpointed copy of step 0)."""
-    cfg = _with(make_cfg("voting", "ip", task="drift", steps=4, save_every=1, eval_every=1), "cg",
-                kind="cliff_guard", max_restores=2, lr_factor=0.5, alpha=0.5)  # fmt: skip
+    cfg = make_cfg("voting", "ip", task="drift", steps=4, save_every=1, eval_every=1)
+    cfg = dataclasses.replace(
+        cfg, task=dataclasses.replace(cfg.task, val_size=6)
+    )  # cliff_guard selects on it
+    cfg = _with(cfg, "cg", kind="cliff_guard", max_restores=2, lr_factor=0.5, alpha=0.5)
     # The restore steps were measured with the fp32 sampler; "auto" would pick bf16 on some CPUs.
     cfg = dataclasses.replace(cfg, generation_dtype="model")
     _, m = kill_and_resume(cfg, tmp_path)

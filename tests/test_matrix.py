@@ -169,8 +169,9 @@ def test_work_estimate_puts_the_longest_runs_first():
 
     sheet = run_sheet(ROOT / "matrix.yaml", "toy")
     w = {r: work_estimate(c) for r, c in sheet["config"].items()}
-    # single math: (40 steps x 8 problems x 8 rollouts + 5 evals x 200 problems) x 1 call x 24 tokens
-    assert w["single-sp-toy-math-s0"] == (40 * 8 * 8 + 5 * 200) * 1 * 24
+    # single math: (40 steps x 8 problems x 8 rollouts + 5 evals x (200 test + 64 validation problems)) x 1 call
+    # x 24 tokens
+    assert w["single-sp-toy-math-s0"] == (40 * 8 * 8 + 5 * (200 + 64)) * 1 * 24
     # Eval-Opt with 2 rounds: up to 4 calls; Voting 3 + 1; Orch-Workers 3 + 2; code completions are 40 tokens
     assert w["voting-sp-toy-math-s0"] == 4 * w["single-sp-toy-math-s0"] == w["eval_opt-sp-toy-math-s0"]
     assert w["orch_workers-ip-toy-math-s0"] == 5 * w["single-sp-toy-math-s0"]

@@ -70,6 +70,7 @@ _MANY = 10_000_000
 BOUNDS = {
     "eval_size": {"minimum": 1, "maximum": _MANY},
     "train_size": {"minimum": 0, "maximum": _MANY},
+    "val_size": {"minimum": 0, "maximum": _MANY},
     "test_size": {"minimum": 0, "maximum": _MANY},
     "steps": {"minimum": 1, "maximum": 1_000_000},
     "problems_per_step": {"minimum": 1, "maximum": 1_000_000},
@@ -182,6 +183,10 @@ class TaskSpec:
         deepcoder 1,000, dapo_math 10%); for small local files such as tests/data/deepcoder.
     runtime_results: deepcoder only: the paper's runtime_results.json; only tests whose status is "passed"
         are kept (marlflow.tasks.deepcoder_runtime builds one). "" keeps every test.
+    val_size: validation problems, evaluated beside the test problems at every evaluation (metrics rows
+        split "val") and disjoint from both the test and the training problems (marlflow.tasks.splits). What
+        selects reads them, never the test problems: cliff_guard's restores, and the analysis's held-out peak
+        step (peak_heldout, read on the test problems). 0 (default) = none; cliff_guard needs >= 1.
     """
 
     name: str
@@ -192,6 +197,7 @@ class TaskSpec:
     train_size: int = 0
     test_size: int = 0
     runtime_results: str = ""
+    val_size: int = 0
 
     def __post_init__(self):
         _check_fields(self, "task.")
@@ -340,6 +346,10 @@ def check_intervention(cfg) -> dict:
     _check(not (kind == "mass_balance" and cfg.sharing != "sp"),
            f"{where} (mass_balance) acts on the roles sharing one adapter, so it needs sharing sp; under ip each "
            "adapter has one role. Exclude it for ip cells (presets.<name>.exclude)")  # fmt: skip
+    _check(not (kind == "cliff_guard" and cfg.task.val_size < 1),
+           f"{where} (cliff_guard) restores the best evaluation's weights, so it must select on validation "
+           "problems, never the test problems it is reported on: set task.val_size >= 1 (e.g. "
+           "`tasks: {math: {val_size: 64}}` in matrix.yaml)")  # fmt: skip
     _check(not (kind == "same_role_norm" and cfg.workflow not in ("voting", "orch_workers")),
            f"{where} (same_role_norm) needs parallel same-role calls (voting, orch_workers); workflow "
            f"{cfg.workflow!r} has none")  # fmt: skip
@@ -350,7 +360,8 @@ def check_intervention(cfg) -> dict:
 # default, so config.json of those runs, their fingerprints and the train rule's params stay byte for byte
 # what they were (Snakemake reruns a job whose params change), and from_dict of a dict without them gives the
 # default. A field belongs here only if, at its default, a run computes what runs made before it did.
-OMITTED_AT_DEFAULT = ("report_to", "max_chunk_tokens", "gradient_checkpointing", "vllm_sleep")
+# TaskSpec fields are named here too (val_size): they are left out of config.json's "task" mapping likewise.
+OMITTED_AT_DEFAULT = ("report_to", "max_chunk_tokens", "gradient_checkpointing", "vllm_sleep", "val_size")
 
 
 def _default(f: dataclasses.Field):
@@ -521,9 +532,10 @@ class RunConfig:
     def to_dict(self) -> dict:
         """The config as config.json holds it: every field, except OMITTED_AT_DEFAULT ones at their default."""
         d = dataclasses.asdict(self)
-        for f in dataclasses.fields(self):
-            if f.name in OMITTED_AT_DEFAULT and d[f.name] == _default(f):
-                del d[f.name]
+        for obj, part in ((self, d), (self.task, d["task"])):
+            for f in dataclasses.fields(obj):
+                if f.name in OMITTED_AT_DEFAULT and part[f.name] == _default(f):
+                    del part[f.name]
         return d
 
     @classmethod

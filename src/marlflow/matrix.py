@@ -435,7 +435,8 @@ def _extends_chain(doc: dict, preset: str, name: str = "matrix") -> list[str]:
 def _written_in(doc: dict, preset: str, message: str, task_axis: str) -> tuple[str, str]:
     """(preset, section) where the setting a ConfigError `message` is about ("grpo.group_size is 1 ...") is
     written: the nearest preset up the extends chain of `preset` that sets it (in its section or an override),
-    so that an error names the preset the user edited, not one that inherits it. Falls back to `preset`."""
+    so that an error names the preset the user edited, not one that inherits it. Falls back to `preset` and
+    every section."""
     m = re.match(r"(grpo|task)\.(\w+)", message) or re.match(r"()(\w+)", message)
     section, key = {"grpo": "grpo", "task": "tasks", "": "run"}[m[1]], m[2]
     for p in _extends_chain(doc, preset):
@@ -445,7 +446,7 @@ def _written_in(doc: dict, preset: str, message: str, task_axis: str) -> tuple[s
             where = [w.get(task_axis) or {} for w in where[:1]]
         if any(isinstance(w, dict) and key in w for w in where):
             return p, section
-    return preset, section
+    return preset, "grpo/run/tasks"  # not one setting written in one place (e.g. a combination)
 
 
 def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:

@@ -5,8 +5,8 @@ aggregation never parses a path:
 
     run_id, workflow, sharing, scale, task, seed, intervention, step, split, role, metric, value
 
-`split` is "train" or "eval"; `role` is a role type ("generator", "evaluator", ...) or "all" for
-workflow-level numbers. New metrics are new rows, never new columns.
+`split` is "train", "eval" (the test problems) or "val" (validation problems, marlflow.tasks.splits); `role`
+is a role type ("generator", "evaluator", ...) or "all" for workflow-level numbers. New metrics are new rows, never new columns.
 
 All writers here are atomic: they write a temp file in the destination folder and `os.replace` it, so a
 killed job leaves either the old file or the new one, never a torn one.
@@ -25,7 +25,7 @@ import pyarrow as pa
 
 FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
 METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval", "val")  # val: the validation evaluation (task.val_size, marlflow.tasks.splits)
 # Metrics that depend on when and beside what a run ran, not on what it computed: wall-clock seconds, and
 # eval_reused (1 when step 0's evaluation was read from another run of the cell, marlflow.base_eval). Resume
 # and re-evaluation compare everything but these.

@@ -41,6 +41,7 @@ from marlflow.config import ConfigError, RunConfig
 from marlflow.final import write_final
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.tasks import get_task
+from marlflow.tasks.splits import run_splits
 
 
 def attach_adapters(cfg: RunConfig, base):
@@ -79,11 +80,13 @@ class LoadedTask:
     the model loads and before the run folder exists. Everything else is the task's own."""
 
     def __init__(self, task, spec):
-        self._task = task
+        self._task, self._spec = task, spec
         self._splits = {split: task.load(split, spec) for split in ("train", "test")}
+        run_splits(self, spec)  # a validation set that cannot be held out (task.val_size) fails here too
 
     def load(self, split: str, spec=None):
-        return self._splits[split]
+        # Another spec (marlflow.tasks.splits asks for train_size + val_size problems) loads afresh.
+        return self._splits[split] if spec is None or spec == self._spec else self._task.load(split, spec)
 
     def __getattr__(self, name):
         return getattr(self._task, name)

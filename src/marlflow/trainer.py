@@ -49,6 +49,7 @@ from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.base_eval import SharedBaseEval
 from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend, use_gqa_sdpa
 from marlflow.metrics import SAMPLE_COLUMNS, rows
+from marlflow.tasks.splits import run_splits
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, RolloutStopped, rollout
 from marlflow.workflows import eval_metrics as workflow_eval_metrics
@@ -60,6 +61,7 @@ log = logging.getLogger("marlflow.trainer")
 # and the toy model, CPU); a stale adapter or a wrong stop token shows up as 0.1 and more.
 LOGP_GAP_WARN = 0.1
 EVAL_SEED_OFFSET = 1_000_003
+VAL_SEED_OFFSET = 2_000_003  # the validation evaluation's sampling stream: not the test evaluation's
 
 
 class NaNLossError(RuntimeError):
@@ -165,8 +167,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         with contextlib.suppress(OSError):
             Path(self.args.output_dir).rmdir()
         self.current_gradient_accumulation_steps = 1
-        self.train_problems = task.load("train", cfg.task)
-        self.eval_problems = task.load("test", cfg.task)[: cfg.task.eval_size]
+        # val_problems: task.val_size problems disjoint from both, for what selects (cliff_guard): splits.py
+        self.train_problems, self.val_problems, self.eval_problems = run_splits(task, cfg.task)
         for name, probs in (("train", self.train_problems), ("test", self.eval_problems)):
             if not probs:
                 raise ValueError(
@@ -668,17 +670,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
         base: the adapters are the untrained ones (B = 0, every policy the base model): every role is routed to
         the first policy, which makes the evaluation the same under SP and IP (marlflow.base_eval).
+
+        With validation problems (task.val_size), they are evaluated next the same way (`_eval_episodes`, with
+        their own seed) and logged under split "val" (`_evaluate_val`); returns the test accuracy.
         """
         cfg = self.cfg
         t0 = time.perf_counter()
-        seed = cfg.seed + EVAL_SEED_OFFSET
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        route = (lambda role, first=cfg.policies[0]: first) if base else None
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)  # also seeds every CUDA device
-            ctx = self._ctx(cfg.grpo.eval_temperature, seed=seed, policy_of=route)
-            episodes = rollout(cfg, self.task, self.eval_problems, ctx, 1)
-        self.backend.forget_states()
+        episodes = self._eval_episodes(self.eval_problems, cfg.seed + EVAL_SEED_OFFSET, base)
         n = len(episodes)
         acc = sum(e.reward for e in episodes) / n
         values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
@@ -736,10 +734,46 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     }
                 )
         log.info("step %d eval accuracy %.3f (n=%d)", step, acc, n)
+        if self.val_problems:
+            self._evaluate_val(step, base)
         return acc
 
-    def _cliff_guard(self, acc: float) -> None:
-        """cliff_guard (marlflow.interventions), after the eval of `self.step` scored `acc`.
+    def _eval_episodes(self, problems: list, seed: int, base: bool) -> list:
+        """One episode per problem at eval_temperature from a forked RNG stream seeded with `seed` (training's
+        RNG untouched); the backend's stored K/V dropped afterwards. base: see evaluate_workflow."""
+        cfg = self.cfg
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        route = (lambda role, first=cfg.policies[0]: first) if base else None
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)  # also seeds every CUDA device
+            ctx = self._ctx(cfg.grpo.eval_temperature, seed=seed, policy_of=route)
+            episodes = rollout(cfg, self.task, problems, ctx, 1)
+        self.backend.forget_states()
+        return episodes
+
+    def _evaluate_val(self, step: int, base: bool) -> float:
+        """Workflow accuracy on the validation problems (split "val", role "all": accuracy, accuracy_se,
+        n_eval, time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
+        t0 = time.perf_counter()
+        episodes = self._eval_episodes(self.val_problems, self.cfg.seed + VAL_SEED_OFFSET, base)
+        n = len(episodes)
+        acc = sum(e.reward for e in episodes) / n
+        values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n,
+                  "time_eval": time.perf_counter() - t0}  # fmt: skip
+        self.metric_rows += rows(self.cfg.factors, step, "val", "all", values)
+        log.info("step %d validation accuracy %.3f (n=%d)", step, acc, n)
+        return acc
+
+    def _guard_input(self) -> tuple[float, int]:
+        """cliff_guard's evaluation of `self.step`: (accuracy, n) of its validation rows (split "val"); the
+        test rows are never read, so a restore never selects on the problems accuracy is reported on."""
+        got = {r["metric"]: r["value"] for r in self.metric_rows if r["split"] == "val" and r["role"] == "all"
+               and r["step"] == self.step and r["metric"] in ("accuracy", "n_eval")}  # fmt: skip
+        return got["accuracy"], int(got["n_eval"])
+
+    def _cliff_guard(self) -> None:
+        """cliff_guard (marlflow.interventions), after the evaluation of `self.step`, on its validation
+        accuracy (`_guard_input`).
 
         A new best eval: keep CPU copies of every adapter and its AdamW state (in `self.itv`, checkpointed).
         A cliff (interventions.guard_check): log guard_drop, guard_drop_se and guard_z (train split, role
@@ -749,7 +783,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         spec, st = self.cfg.intervention_spec, self.itv
         if spec["kind"] != "cliff_guard":
             return
-        n = len(self.eval_problems)
+        acc, n = self._guard_input()
         if itv.guard_observe(st, self.step, acc, n):
             st.best = {
                 "step": self.step, "acc": acc, "n": n,
@@ -779,7 +813,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             st.evals = [(best["step"], best["acc"], best["n"])]
             self.backend.on_update()  # the rollout engine must sample from the restored adapters
             values.update(guard_restore=best["step"], guard_restores=st.restores, guard_lr_scale=st.lr_scale)
-            log.warning("step %d: cliff_guard: eval accuracy %.3f, a cliff (drop %.3f, SE %.3f); restored "
+            log.warning("step %d: cliff_guard: validation accuracy %.3f, a cliff (drop %.3f, SE %.3f); restored "
                         "the best eval's weights (step %d, %.3f), learning rate x%g (restore %d of %d)",
                         self.step, acc, check["drop"], check["drop_se"], best["step"], best["acc"],
                         st.lr_scale, st.restores, spec["max_restores"])  # fmt: skip
@@ -849,7 +883,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         flag = rows(self.cfg.factors, 0, "eval", "all", {"eval_reused": float(reused)})
         self.metric_rows[:0] = [*metric_rows, *flag]
         self.sample_rows[:0] = sample_rows
-        acc = next(r["value"] for r in metric_rows if r["metric"] == "accuracy" and r["role"] == "all")
+        acc = next(r["value"] for r in metric_rows
+                   if r["split"] == "eval" and r["metric"] == "accuracy" and r["role"] == "all")  # fmt: skip
         log.info("step 0 eval accuracy %.3f (n=%d, %s)", acc, len(self.eval_problems),
                  "read from the cell's shared step-0 evaluation" if reused else "computed here")  # fmt: skip
         return acc
@@ -888,7 +923,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         else:
             self.last_acc = self._base_eval()
             if self.last_acc is not None:
-                self._cliff_guard(self.last_acc)
+                self._cliff_guard()
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps and not preempt.requested():
@@ -902,7 +937,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
             if evaluate:
                 self.last_acc = self.evaluate_workflow(self.step)
-                self._cliff_guard(self.last_acc)
+                self._cliff_guard()
             self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
             if save:
                 self.save_checkpoint()

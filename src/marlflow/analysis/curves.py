@@ -4,7 +4,9 @@
     summary = summarize_runs(metrics)   # one row per run (SUMMARY_COLUMNS)
 
 Every column is defined in definitions.DEFINITIONS; the tests (cliff, collapse, stagnation, with the
-cross-fitted peak_confirmed and the SE of each difference) are computed by stats.curve_tests.
+cross-fitted peak_confirmed and the SE of each difference) are computed by stats.curve_tests. Runs with a
+validation set (task.val_size, metrics rows split "val") also get peak_heldout: the step is selected on the
+validation problems and its accuracy read on the test problems, which no selection has seen.
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ SUMMARY_COLUMNS = [
     "collapse",
     "stagnation",
     "n_evals",
+    "peak_heldout_step",
+    "peak_heldout",
+    "gain_heldout",
 ]
 FLOAT_SUMMARY = ["base", "peak", "terminal", "terminal_mean3", "peak_confirmed", "gain_peak", "gain_confirmed",
-                 "gain_terminal", "gain_terminal3", "se", "drop", "drop_se"]  # fmt: skip
+                 "gain_terminal", "gain_terminal3", "se", "drop", "drop_se", "peak_heldout", "gain_heldout"]  # fmt: skip
 
 
 def run_factors(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -137,16 +142,38 @@ def summarize_curve(curve: pd.DataFrame) -> dict:
     )
 
 
+def heldout_peak(curve: pd.DataFrame, val: pd.DataFrame, base: float) -> dict:
+    """The peak selected on validation, read on the test problems, for one run.
+
+    curve: the run's test accuracy per step (eval_curves rows); val: its validation accuracy per step (columns
+    step, accuracy). peak_heldout_step is the step, among those with both evaluations (step 0 included, so a
+    run whose validation accuracy never beats the base selects the base), with the highest validation
+    accuracy (the first on ties); peak_heldout is the test accuracy there, gain_heldout = peak_heldout - base.
+    NaN (step NA) without validation evaluations."""
+    both = curve[["step", "accuracy"]].merge(val[["step", "accuracy"]], on="step", suffixes=("", "_val"))
+    both = both[both["accuracy_val"].notna()].sort_values("step")
+    if both.empty:
+        return dict(peak_heldout_step=pd.NA, peak_heldout=math.nan, gain_heldout=math.nan)
+    i = int(np.argmax(both["accuracy_val"].to_numpy(dtype=float)))
+    test = float(both["accuracy"].iloc[i])
+    return dict(peak_heldout_step=int(both["step"].iloc[i]), peak_heldout=test, gain_heldout=test - base)
+
+
 def summarize_runs(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per run with SUMMARY_COLUMNS, sorted by run_id. Runs without eval accuracy get NaNs, n_evals 0."""
     curves = eval_curves(metrics)
     by_run = dict(tuple(curves.groupby("run_id", sort=True)))
+    vals = wide(metrics, "val", "all", ["accuracy"])
+    val_by_run = dict(tuple(vals.groupby("run_id", sort=True)))
     records = []
     for fac in run_factors(metrics).to_dict("records"):
         curve = by_run.get(fac["run_id"], curves.iloc[0:0])
-        records.append({**fac, **summarize_curve(curve)})
+        rec = {**fac, **summarize_curve(curve)}
+        rec.update(heldout_peak(curve, val_by_run.get(fac["run_id"], vals.iloc[0:0]), rec["base"]))
+        records.append(rec)
     out = pd.DataFrame.from_records(records, columns=SUMMARY_COLUMNS)
     out["peak_step"] = out["peak_step"].astype("Int64")
+    out["peak_heldout_step"] = out["peak_heldout_step"].astype("Int64")
     out["n_evals"] = out["n_evals"].astype("int64")
     for c in ("cliff", "collapse", "stagnation"):
         out[c] = out[c].astype(bool)

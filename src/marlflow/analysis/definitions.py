@@ -110,6 +110,11 @@ Per run (summary.csv):
   and the step with the best accuracy on half b, read on half a, averaged with weights n_b/n and n_a/n. The
   half that picks a step never scores it, so the max over K evals does not inflate it (peak does). NaN
   without half accuracies (runs logged before they existed).
+- peak_heldout, peak_heldout_step: the step with the best accuracy on the validation problems (metrics rows
+  split="val": task.val_size problems disjoint from the test and training problems, marlflow.tasks.splits;
+  step 0 included, first on ties), and the test accuracy at that step. No test outcome selects it, so it is
+  the peak estimate for gains where a run has validation evaluations (gain_heldout = peak_heldout - base);
+  NaN without them. peak_confirmed is the second view.
 - gain_peak = peak - base; gain_confirmed = peak_confirmed - base; gain_terminal = terminal - base;
   gain_terminal3 = terminal_mean3 - base.
 - Variances: each eval's accuracy is treated as an independent binomial mean with variance v/n_k,

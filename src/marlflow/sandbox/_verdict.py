@@ -244,12 +244,18 @@ def _err(lines, tag="E") -> dict | None:
             except ValueError:
                 continue
             if isinstance(v, dict):
-                found = {
-                    k: v[k][:500] if isinstance(v.get(k), str) else None for k in ("stage", "type", "msg")
-                }
-                found.update({k: v[k] if type(v.get(k)) is int and abs(v[k]) < 1 << 31 else None
-                              for k in ("line", "errno")})  # fmt: skip
+                found = _fields(v)
     return found
+
+
+def _fields(v: dict) -> dict:
+    """The plain fields of an untrusted error record: stage, type, msg (str, cut) and line, errno (small
+    int), each None when it is anything else."""
+    out = {k: v[k][:500] if isinstance(v.get(k), str) else None for k in ("stage", "type", "msg")}
+    out.update(
+        {k: v[k] if type(v.get(k)) is int and abs(v[k]) < 1 << 31 else None for k in ("line", "errno")}
+    )
+    return out
 
 
 def _is_memory(info: dict | None) -> bool:
@@ -275,7 +281,7 @@ def verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
 
 def _verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult:
     if raw.get("error"):
-        return SandboxResult("crashed", False, detail=f"sandbox worker refused the job: {raw['error']}")
+        return error(f"the sandbox worker refused the job: {show(raw['error'], 300)}")
     stdout, stderr, seconds = raw.get("stdout", ""), raw.get("stderr", ""), float(raw.get("seconds", 0.0))
 
     def result(status: str, detail: str = "") -> SandboxResult:
@@ -367,8 +373,7 @@ def _check(check: dict, rs: list[str]) -> tuple[str, str]:
     try:
         tag, value = parse_record(rs[check["call"]])
         if tag == "err":
-            info = _err(["E" + json.dumps(value)]) if isinstance(value, dict) else None
-            info = info or {}
+            info = _fields(value) if isinstance(value, dict) else {}
             if _is_memory(info):
                 return "memory", f"{info.get('type')} in a call"
             return "failed", f"the call raised {info.get('type')}: {(info.get('msg') or '')[:200]}"

@@ -14,8 +14,12 @@ plus constant `NAME = C` assignments, constant asserts, docstrings, `def check(c
 body called as `check(NAME)`, and a leading setup block (MBPP `test_setup_code`) whose names may be
 passed as arguments: the setup runs in the candidate process after the solution, so it must not hold
 expected values (expected values may only be constants). The candidate process receives only the
-calls; the expected values and the comparison stay here. Anything else is judged by the fallback:
-the test code runs in a separate judge process (see `_child.judge`).
+calls, each with its wrappers (applied there, to the real return value, under the program's limits);
+the expected values and the comparison stay here. A name the tests bind in their own module scope
+(a helper, a constant, an import) is never taken as the program's, and a mutable constant the tests
+name again after passing it (`a = [3, 1]; assert f(a) == a`) is left to the judge, where the program's
+changes to it are seen. Anything else is judged by the fallback: the test code runs in a separate
+judge process (see `_child.judge`).
 """
 
 from __future__ import annotations

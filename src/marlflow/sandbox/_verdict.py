@@ -2,6 +2,9 @@
 
 Runs in the caller's (trusted) process: the expected values, expected stdout and the comparison live
 only here. The worker and the candidate get the program, the call arguments or stdin, and limits.
+Everything the candidate wrote is read within a budget (`_result.parse_record`, `from_wire`'s hash
+check), and any failure while judging one job is that job's `error` verdict, never an exception; only a
+malformed job (UsageError, a ValueError) is raised. `deterministic` decides which verdicts may be cached.
 """
 
 from __future__ import annotations

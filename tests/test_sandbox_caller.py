@@ -294,8 +294,9 @@ def test_nondeterministic_program_is_never_cached():
         cached = [verify_many([(prog, "assert f()\n")])[0].passed for _ in range(n)]
         together = [r.passed for r in verify_many([(prog, "assert f()\n")] * n)]
         assert sandbox.programs_run() - n0 == 2 * n, "every run of a random program must be a fresh run"
+        # Binomial(40, 0.25) falls outside [1, 30] with p < 2e-5; a frozen verdict gives 0 or 40.
         for passes in (sum(cached), sum(together)):
-            assert 2 <= passes <= 22, passes  # Binomial(40, 0.25): outside [2, 22] with p < 1e-3
+            assert 1 <= passes <= 30, passes
     n0 = sandbox.programs_run()
     slow = ("def f():\n    while True:\n        pass\n", "assert f()\n")
     assert [verify_many([slow], timeout=1)[0].status for _ in range(2)] == ["timeout", "timeout"]

@@ -424,6 +424,9 @@ def test_findings_box(tmp_path, signal_runs):
     md = (tmp_path / "tables" / "contrasts.md").read_text()
     assert md.startswith("One seed per cell") and "n/a" not in md
     assert len([line for line in md.splitlines() if line.startswith("| sp-ip")]) == 2
+    for name in ("summary_by_cell.md", "claims.md"):  # the same banner, and no "mean [n/a]" cells
+        text = (tmp_path / "tables" / name).read_text()
+        assert text.startswith("One seed per cell") and "[n/a]" not in text, name
 
 
 def test_findings_with_seeds(tmp_path):

@@ -153,7 +153,8 @@ def test_model_path_does_not_exist(make_cfg, tmp_path):
     assert out.returncode == 1
     line = _error_line(out.stderr)
     assert f"model folder '{tmp_path / 'models' / 'toy'}' does not exist" in line
-    assert "python -m marlflow.models prepare" in line and "matrix.yaml" in line
+    m = tmp_path / "models" / "toy"
+    assert f"`marlflow models prepare --scale toy --model {m} --out {m}`" in line and "matrix.yaml" in line
     assert not (tmp_path / "run" / "DONE").exists()
 
 
@@ -164,7 +165,7 @@ def test_model_folder_without_config_json(make_cfg, tmp_path, capsys):
     code, err = _train_main(tmp_path, cfg, capsys)
     assert code == 1
     line = _error_line(err)
-    assert "exists but has no config.json" in line and "python -m marlflow.models prepare" in line
+    assert "exists but has no config.json" in line and "`marlflow models prepare --scale SCALE" in line
 
 
 def test_tokenizer_without_chat_template(make_cfg, toy_model_dir, tmp_path):

@@ -1,6 +1,7 @@
 """Error rates of the run flags by simulation: capture (marlflow.analysis.failures), and stagnation and
-collapse (marlflow.analysis.stats.curve_tests) on curves with a real gain. The cliff test's calibration is
-tests/test_calibration.py's.
+collapse (marlflow.analysis.stats.curve_tests) on curves with a real gain, and the cliff test on flat runs
+and on the realistic cliff shapes (`cliff_rates`: a rise from the base, then a 12-point drop over the last 3
+evals, or at the last eval only). tests/test_calibration.py asserts the rates docs/reference.md states.
 
 A supervisory role whose behaviour does not change between its first and last eval must be flagged as
 captured rarely: each rule is a one-sided test at alpha/3 (Z_CAPTURE), so all three together flag such a role
@@ -126,6 +127,38 @@ def gain_flag_rates(runs: int = 10_000, seed: int = 5) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+CLIFF_SHAPES = ("flat", "rise, drop over last 3", "rise, drop at last")
+RISE, DROP = 0.15, 0.12  # the rise from the base to the peak, the drop from the peak
+
+
+def cliff_truth(shape: str, p: float, k: int) -> np.ndarray:
+    """(K,) true accuracy of a shape whose peak (or flat level) is p: flat; base p - RISE, then p from eval 1
+    on, p - DROP over the last 3 evals; or the same with the drop at the last eval only."""
+    t = np.full(k, p)
+    if shape != "flat":
+        t[0] = p - RISE
+        t[-3 if shape == "rise, drop over last 3" else -1 :] -= DROP
+    return t
+
+
+def cliff_rates(runs: int = 10_000, seed: int = 11, ns=(32, 200, 1412), ks=(5, 13, 51)) -> pd.DataFrame:
+    """Share of runs flagged as cliffs per shape (CLIFF_SHAPES), n, K and p: the false rate (flat) and the
+    power (the two drop shapes). Independent binomial evals of n problems, split into halves as the trainer
+    does."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape in CLIFF_SHAPES:
+        for n in ns:
+            for k in ks:
+                for p in (0.3, 0.5, 0.8):
+                    truth = np.broadcast_to(cliff_truth(shape, p, k), (runs, k))
+                    na, nb = n // 2, n - n // 2
+                    a, b = rng.binomial(na, truth) / na, rng.binomial(nb, truth) / nb
+                    r = curve_tests((na * a + nb * b) / n, n, a, b, na, nb)
+                    out.append(dict(shape=shape, n=n, k=k, p=p, cliff=r["cliff"].mean()))
+    return pd.DataFrame(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10_000)
@@ -148,6 +181,13 @@ def main(argv=None) -> int:
         power(args.runs)
         .pivot_table(index=["rule", "change"], columns="n", values="rate")
         .to_string(float_format="{:.4f}".format)
+    )
+    c = cliff_rates(args.runs)
+    print("\nCliff rate by shape (flat: false rate; the drops: power); rows shape, n, K; columns p:\n")
+    print(
+        c.pivot_table(index=["shape", "n", "k"], columns="p", values="cliff").to_string(
+            float_format="{:.4f}".format
+        )
     )
     g = gain_flag_rates(args.runs)
     print("\nStagnation rate by true gain (held from step 1 on); rows n, K, p:\n")

@@ -151,7 +151,8 @@ def test_summary_numbers(metrics):
     m = r[MONO]
     assert (m["peak"], m["peak_step"], m["se"], m["cliff"]) == (0.50, 40, 0.02, False)
     # peak_step is the first step reaching the max (0.50 at 0, again nowhere higher)
-    assert r[COLLAPSE]["peak_step"] == 0 and r[COLLAPSE]["cliff"]
+    # ... and it never rose above its base, so it has no peak to fall from: a collapse, not a cliff
+    assert r[COLLAPSE]["peak_step"] == 0 and not r[COLLAPSE]["cliff"] and r[COLLAPSE]["collapse"]
     assert r[SINGLE]["peak_step"] == 10 and not r[SINGLE]["cliff"]
 
 
@@ -197,7 +198,7 @@ def test_failure_signatures(metrics):
     assert flags == {
         CLIFF: (True, False, False, False),
         MONO: (False, False, False, False),
-        COLLAPSE: (True, True, True, False),
+        COLLAPSE: (False, True, True, False),  # never above its base: no peak, so no cliff
         CAPTURE: (False, False, True, True),
         SAMPLE_CAPTURE: (False, False, False, True),
         # at n = 100, +10 points over 2 evals and -10 points at the end are within the noise
@@ -206,10 +207,10 @@ def test_failure_signatures(metrics):
     }
     ev = by_run(f)
     assert ev[CLIFF]["evidence"] == (
-        "cliff: drop 0.175 from an eval to the mean of the (<= 3) evals after it >= max(0.05, 2.33 x SE 0.061) "
+        "cliff: drop 0.175 from an improved eval to the mean of the (<= 3) evals after it >= max(0.05, 2.22 x SE 0.061) "
         "(max 0.700 at step 20, terminal_mean3 0.583)"
     )
-    assert ev[COLLAPSE]["evidence"].split("; ")[1] == "collapse: terminal_mean3 0.317 below base 0.500"
+    assert ev[COLLAPSE]["evidence"].split("; ")[0] == "collapse: terminal_mean3 0.317 below base 0.500"
     assert "aggregator completion_length 10.0 -> 30.0" in ev[CAPTURE]["evidence"]
     assert (
         "evaluator solution_marker_share 0.05 -> 0.40 (steps 0 -> 20, 300 / 250 calls"

@@ -1,10 +1,12 @@
 """Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI,
 and of the capture rules (analysis.failures, simulated by benchmarks/calibrate_flags.py).
 
-Flat true accuracy p with independent binomial evals must be flagged as a cliff in <= 5% of runs for
-p in {0.3, 0.5, 0.8}, n in {32, 200, 1412} and K in {5, 51} evals; a real 12-point drop over the last 3
-evals at n = 200 must be flagged in >= 80%. The old rule (peak - terminal >= max(0.05, 2 SE)) is simulated
-beside it to show the test can tell them apart (it over-fires at n = 200, K = 51).
+The rates asserted here are the ones docs/reference.md ("cliff") states, from the same seeded simulations
+(benchmarks/calibrate_flags.py `cliff_rates`, 10,000 runs per setting): flat true accuracy p is flagged as a
+cliff in <= 4.1% of runs for p in {0.3, 0.5, 0.8}, n in {32, 200, 1412}, K in {5, 13, 51}; a rise of 15
+points from the base and then a 12-point drop over the last 3 evals at n = 200 is flagged in 77-88% of runs
+at K = 5 and >= 98.8% at K = 13 and 51; a drop at the last eval only in 50-82%. The old rule (peak -
+terminal >= max(0.05, 2 SE)) is simulated beside it to show the test can tell them apart.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from marlflow.metrics import rows, write_metrics
 
 RUNS = 10_000
 ROOT = Path(__file__).resolve().parents[1]
+FALSE_CLIFF_MAX = 0.041  # docs/reference.md: "at most 4.1% false cliffs"
+# docs/reference.md: power at n = 200, (shape, K) -> the stated (lowest, highest) share over p 0.3, 0.5, 0.8
+CLIFF_POWER_200 = {
+    ("rise, drop over last 3", 5): (0.77, 0.88),
+    ("rise, drop over last 3", 13): (0.988, 1.0),
+    ("rise, drop over last 3", 51): (0.988, 1.0),
+    ("rise, drop at last", 5): (0.69, 0.82),
+    ("rise, drop at last", 13): (0.60, 0.71),
+    ("rise, drop at last", 51): (0.50, 0.61),
+}
 
 
 def simulate(p: np.ndarray, n: int, rng: np.random.Generator):
@@ -41,7 +53,7 @@ def test_flat_accuracy_is_rarely_a_cliff(n, k):
     for p in (0.3, 0.5, 0.8):
         acc, a, b, na, nb = simulate(np.full((RUNS, k), p), n, rng)
         r = curve_tests(acc, n, a, b, na, nb)
-        assert r["cliff"].mean() <= 0.05, (p, n, k, r["cliff"].mean())
+        assert r["cliff"].mean() <= FALSE_CLIFF_MAX, (p, n, k, r["cliff"].mean())
         assert r["collapse"].mean() <= 0.05, (p, n, k)
         # the cross-fitted peak is unbiased for a flat curve; the max over K evals is not
         assert abs(r["peak_confirmed"].mean() - p) < 0.01
@@ -50,19 +62,24 @@ def test_flat_accuracy_is_rarely_a_cliff(n, k):
         assert old.mean() > 0.3  # the rule this replaces: about 60% false cliffs here
 
 
-@pytest.mark.parametrize("k", [5, 51])
-def test_a_late_12_point_drop_is_found(k):
-    rng = np.random.default_rng(7 + k)
-    for p in (0.3, 0.5, 0.8):
-        truth = np.full((RUNS, k), p)
-        truth[:, -3:] -= 0.12
-        acc, a, b, na, nb = simulate(truth, 200, rng)
-        assert curve_tests(acc, 200, a, b, na, nb)["cliff"].mean() >= 0.80, (p, k)
+def test_cliff_rates_are_the_ones_the_docs_state(flag_sim):
+    """Every false rate (flat) and the power for realistic shapes at n = 200, from the seeded simulation the
+    docs quote: each within the stated range (so a change that moves them fails here until the docs move)."""
+    c = flag_sim.cliff_rates(RUNS)
+    assert c[c["shape"] == "flat"].cliff.max() <= FALSE_CLIFF_MAX
+    at200 = c[c.n == 200].groupby(["shape", "k"]).cliff
+    for key, (lo, hi) in CLIFF_POWER_200.items():
+        assert lo <= at200.min()[key] and at200.max()[key] <= hi, (key, at200.min()[key], at200.max()[key])
 
 
 def test_one_eval_and_no_base():
     r = curve_tests([[0.5]], 200)
     assert not r["cliff"][0] and not r["collapse"][0] and not r["stagnation"][0]
+    # a run that never improves on its base has no peak to fall from: a collapse, not a cliff
+    r = curve_tests([[0.50, 0.46, 0.42, 0.40, 0.38]], 200)
+    assert not r["cliff"][0] and np.isnan(r["drop"][0]) and r["collapse"][0]
+    r = curve_tests([[0.30, 0.60, 0.45, 0.44, 0.43]], 200)  # a rise, then a drop: a cliff
+    assert r["cliff"][0]
     r = curve_tests([[0.9, 0.5, 0.5, 0.5]], 200, has_base=False)
     assert r["cliff"][0] and not r["collapse"][0] and np.isnan(r["gain"][0])
 
@@ -89,12 +106,13 @@ def _write(path, truths: np.ndarray, n: int, prefix: str, rng) -> list[str]:
 
 def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     """The real CLI (`python -m marlflow.aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
-    runs with a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 80% of the drops
-    are."""
+    runs with a rise and a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 70% of
+    the drops are (77-88% in the simulation of 10,000)."""
     rng = np.random.default_rng(3)
     p = np.repeat([0.3, 0.5, 0.8], 300)[:, None] * np.ones((1, 5))
     flat = _write(tmp_path / "flat" / "metrics.parquet", p, 200, "flat", rng)
     truth = np.full((100, 5), 0.6)
+    truth[:, 0] -= 0.15  # a rise from the base, then the drop (calibrate_flags.cliff_truth)
     truth[:, -3:] -= 0.12
     drops = _write(tmp_path / "drop" / "metrics.parquet", truth, 200, "drop", rng)
     out = tmp_path / "tables"
@@ -104,7 +122,7 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     assert res.returncode == 0, res.stderr
     f = pd.read_csv(out / "failures.csv").set_index("run_id")
     assert f.loc[flat, "cliff"].mean() <= 0.05
-    assert f.loc[drops, "cliff"].mean() >= 0.80
+    assert f.loc[drops, "cliff"].mean() >= 0.70
     cells = pd.read_csv(out / "summary_by_cell.csv")
     assert set(cells["n_seeds"]) == {900, 100}
     row = cells[cells["workflow"] == "eval_opt"].iloc[0]

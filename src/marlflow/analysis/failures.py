@@ -147,9 +147,10 @@ def run_signatures(row: dict, role_evals: pd.DataFrame) -> dict:
         ev.append("no eval accuracy")
     else:
         if row["cliff"]:
-            z = NormalDist().inv_cdf(1 - ALPHA / max(row["n_evals"] - 1, 1))
+            # the union bound's size (stats._cliff_union): K - 2 candidates after a base, else K - 1
+            z = NormalDist().inv_cdf(1 - ALPHA / max(row["n_evals"] - 1 - (not math.isnan(base)), 1))
             ev.append(
-                f"cliff: drop {row['drop']:.3f} from an eval to the mean of the (<= 3) evals after it >= "
+                f"cliff: drop {row['drop']:.3f} from an improved eval to the mean of the (<= 3) evals after it >= "
                 f"max({MIN_GAP:g}, {z:.2f} x SE {row['drop_se']:.3f}) (max {peak:.3f} at step "
                 f"{row['peak_step']}, terminal_mean3 {row['terminal_mean3']:.3f})"
             )

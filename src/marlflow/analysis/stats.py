@@ -150,9 +150,9 @@ def curve_tests(acc, n, acc_a=None, acc_b=None, n_a=None, n_b=None, *, has_base=
         ok = np.isfinite(a).all(1) & np.isfinite(b).all(1) & (na > 0).all(1) & (nb > 0).all(1)
         if ok.any():
             peak[ok] = confirmed_peak(a[ok], b[ok], na[ok], nb[ok])
-    drop, dse, dz = _cliff_union(acc, v / n, window, alpha)
+    drop, dse, dz = _cliff_union(acc, v / n, window, alpha, has_base)
     gain, gse, gz = _union_max(acc, n, v, bw, range(1, K), alpha)
-    cliff = drop >= np.maximum(MIN_GAP, dz * dse) - TOL
+    cliff = np.nan_to_num(drop, nan=-np.inf) >= np.maximum(MIN_GAP, dz * dse) - TOL
     stagnation = ~(gain >= np.maximum(MIN_GAP, gz * gse) - TOL)
     cw = bw - tw  # collapse: base vs terminal mean, nothing selected, so the plain one-sided z
     cdiff = (cw * acc).sum(1)
@@ -168,16 +168,22 @@ def curve_tests(acc, n, acc_a=None, acc_b=None, n_a=None, n_b=None, *, has_base=
                 collapse_se=cse, collapse=collapse)  # fmt: skip
 
 
-def _cliff_union(acc, u, window, alpha):
-    """Union-bound cliff test: every eval k < K-1 is a candidate peak, compared with the mean of the last
-    min(window, K-1-k) evals, all strictly after k (so a candidate is never part of its own reference).
+def _cliff_union(acc, u, window, alpha, has_base=False):
+    """Union-bound cliff test: each candidate peak k is compared with the mean of the last min(window, K-1-k)
+    evals, all strictly after k (so a candidate is never part of its own reference). Candidates: with a base
+    (eval 0 is step 0), the evals 1 .. K-2 that improved on it (acc_k > acc_0): a run that never rose above
+    its base has no peak to fall from, so it is a collapse or stagnation, never a cliff; without one (the
+    curve of cliff_guard, which starts at its best eval), every eval k < K-1.
     u: (R, K) variance of each eval's accuracy. Returns (d, se, z) at the candidate with the largest margin
-    d - max(MIN_GAP, z se), z at alpha / (K - 1)."""
+    d - max(MIN_GAP, z se), z at alpha / (number of possible candidates: K-2 with a base, else K-1; the
+    data-dependent filter only removes candidates, so the union bound still holds); NaN d where a run has
+    no candidate."""
     R, K = acc.shape
-    if K < 2:
+    first = 1 if has_base else 0
+    if K - 1 - first < 1:
         nan = np.full(R, np.nan)
         return nan, nan.copy(), nan.copy()
-    z = normal_quantile(1 - alpha / (K - 1))
+    z = normal_quantile(1 - alpha / (K - 1 - first))
     d, var = np.empty((R, K - 1)), np.empty((R, K - 1))
     for k in range(K - 1):
         m = min(window, K - 1 - k)
@@ -185,9 +191,17 @@ def _cliff_union(acc, u, window, alpha):
         d[:, k] = acc[:, k] - ref
         var[:, k] = u[:, k] + u[:, K - m :].sum(1) / m**2
     s = np.sqrt(var)
-    best = np.argmax(d - np.maximum(MIN_GAP, z * s), axis=1)
+    ok = np.ones((R, K - 1), dtype=bool)
+    if has_base:
+        ok[:, 0] = False
+        ok[:, 1:] = acc[:, 1 : K - 1] > acc[:, :1]
+    margin = np.where(ok, d - np.maximum(MIN_GAP, z * s), -np.inf)
+    best = np.argmax(margin, axis=1)
     rows = np.arange(R)
-    return d[rows, best], s[rows, best], np.full(R, z)
+    none = ~ok.any(1)
+    dd, ss = d[rows, best], s[rows, best]
+    dd[none] = ss[none] = np.nan
+    return dd, ss, np.full(R, z)
 
 
 def _union_max(acc, n, v, ref_w, candidates, alpha):

@@ -5,7 +5,7 @@
 
 test: the first `eval_size` problems of the task's test split, as before validation existed. val: `val_size`
 problems of the task's train split that training never sees, so that whatever selects (cliff_guard, the
-analysis's held-out peak step) never reads a test outcome (docs/claims.md, "Selection"). Tasks cap their
+analysis's held-out peak step) never reads a test outcome (docs/claims.md, section 1). Tasks cap their
 train split by a prefix of a fixed order (toy, smol, math: `train_size` first problems), so loading
 `train_size + val_size` problems gives the training problems unchanged followed by `val_size` more: the
 validation set. A task whose train split is used whole (train_size 0 and no more problems than that) gives

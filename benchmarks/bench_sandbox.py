@@ -7,6 +7,8 @@ the same invocation, on the same machine, under the same load:
 - throughput: the 164 HumanEval canonical solutions and the 974 MBPP reference solutions verified by
   `SandboxPool(cpu_count)` (no verdict cache), verifications/s; also checks that all of them pass and that
   the 164 HumanEval stubs (prompt + `pass`) fail.
+- worker_cpu: CPU time (worker + its reaped children, from /proc) per one-line program sent one at a time
+  through `SandboxPool(1)`, 300 programs: the sandbox's own cost per verification.
 - hostile: every program of tests/hostile/ and tests/test_sandbox_isolation.py judged one at a time by
   `verify_many(cache=False)`; per job, the caller's wall time, the caller process's CPU time (user+sys,
   all its threads: decoding and judging happen there) and the peak of Python memory the caller allocated
@@ -91,6 +93,23 @@ def measure(kind: str) -> dict:
             stub_got = pool.map(stubs)
         return {"per_s": len(refs) / dt, "seconds": dt, "jobs": len(refs), "passed": sum(r.passed for r in got),
                 "stubs": len(stubs), "stubs_passed": sum(r.passed for r in stub_got)}  # fmt: skip
+    if kind == "worker_cpu":
+        # CPU seconds one worker and its (reaped) children spend per one-line program sent one at a time:
+        # the per-verification cost of the sandbox itself, which the machine's load disturbs less than wall.
+        jobs = [{"code": f"def f(x):\n    return x + {i}\n", "tests": f"assert f(1) == {i + 1}\n", "timeout": 5,
+                 "memory_mb": 512} for i in range(300)]  # fmt: skip
+
+        def cpu(pid: int) -> float:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+        with sandbox.SandboxPool(1) as pool:
+            pool.start()
+            pid = pool._all[0].proc.pid
+            c0 = cpu(pid)
+            for j in jobs:
+                pool.map([j])
+            return {"cpu_ms_per_job": 1000 * (cpu(pid) - c0) / len(jobs)}
     import resource
     import tracemalloc
 
@@ -147,15 +166,16 @@ def main() -> int:
     ap.add_argument("--src", default=str(ROOT / "src"), help="the tree to measure (its src/)")
     ap.add_argument("--baseline", help="a baseline tree's src/ (a git worktree of another commit)")
     ap.add_argument("--json", help="write the numbers here too")
-    ap.add_argument("--measure", choices=["throughput", "hostile"], help=argparse.SUPPRESS)
+    ap.add_argument("--measure", choices=["throughput", "worker_cpu", "hostile"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure:
         print(json.dumps(measure(a.measure)))
         return 0
     trees = {"this": a.src} | ({"baseline": a.baseline} if a.baseline else {})
-    runs: dict[str, dict[str, list]] = {t: {"throughput": [], "hostile": []} for t in trees}
+    kinds = ("throughput", "worker_cpu", "hostile")
+    runs: dict[str, dict[str, list]] = {t: {k: [] for k in kinds} for t in trees}
     for _ in range(a.runs):
-        for kind in ("throughput", "hostile"):
+        for kind in kinds:
             for t, src in trees.items():
                 runs[t][kind].append(run_child(src, kind))
     out = {
@@ -172,6 +192,7 @@ def main() -> int:
             "per_s_median": round(statistics.median(x["per_s"] for x in th), 1),
             "references_passed": sorted({f"{x['passed']}/{x['jobs']}" for x in th}),
             "stubs_passed": sorted({f"{x['stubs_passed']}/{x['stubs']}" for x in th}),
+            "worker_cpu_ms_per_job_runs": [round(x["cpu_ms_per_job"], 2) for x in runs[t]["worker_cpu"]],
             "hostile_runs": ho,
         }
     if a.baseline:

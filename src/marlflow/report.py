@@ -985,11 +985,15 @@ def render_overview(
     body += [
         *failures_section(failures, links),
         "<h2 id='gradients'>Gradient traces</h2>",
-        "<p class='note'>Each SP run (left) next to its IP partner (right), y axes shared within the pair. "
-        "Under SP the per-role norms are each role's contribution to the one shared adapter's gradient.</p>",
+        "<p class='note'>Each SP run (left) next to its IP partner (right). Under SP the per-role norms are "
+        "each role's contribution to the one shared adapter's gradient.</p>",
         "<h3>Per-role gradient norm</h3>",
+        "<p class='note'>One log y axis for every panel. Steps with no gradient (norm 0: every group's rewards "
+        "equal) cannot be drawn on it: the line breaks there, and the panel counts them.</p>",
         figure(figures["grad_dynamics.png"], "grad_dynamics.png"),
         "<h3>Per-role share of the gradient mass</h3>",
+        "<p class='note'>Stacked to 1 per step; grey hatched: no data (a step with no gradient, or a role not "
+        "logged).</p>",
         figure(figures["role_share.png"], "role_share.png"),
         "<h3>Gradient dynamics (run x role)</h3>",
         table(grads[[c for c in GRAD_SHOWN if c in grads.columns]], links),

@@ -451,6 +451,29 @@ def test_findings_with_seeds(tmp_path):
     assert "One seed per cell" not in md and "-0.155 [-0.219, -0.091]" in md
 
 
+def test_sp_ip_lines_largest_first_and_capped():
+    """More cells than fit the box: the largest |SP - IP| peak differences first, the rest counted."""
+    from marlflow.analysis.seeds import contrasts
+
+    recs = []
+    for k, (wf, task) in enumerate(
+        (w, t) for w in ("eval_opt", "voting", "orch_workers") for t in ("math", "code")
+    ):
+        for scale in ("toy", "smol"):
+            for sharing, peak in (("sp", 0.5), ("ip", 0.5 + 0.01 * k + (0.2 if scale == "smol" else 0))):
+                recs.append(dict(run_id=f"{wf}-{sharing}-{scale}-{task}-s0", workflow=wf, sharing=sharing, scale=scale,
+                                 task=task, seed=0, intervention="none", base=0.3, peak=peak, peak_confirmed=peak,
+                                 terminal=peak, terminal_mean3=peak, gain_peak=peak - 0.3, gain_confirmed=peak - 0.3,
+                                 gain_terminal=peak - 0.3, gain_terminal3=peak - 0.3, se=0.03, cliff=False,
+                                 collapse=False, stagnation=False, n_evals=3))  # fmt: skip
+    summary = pd.DataFrame(recs)
+    lines = report.sp_ip_lines(contrasts(summary), summary)
+    assert len(lines) == report.SHOWN_CELLS + 1 and lines[-1].startswith("6 more cells")
+    assert lines[0].startswith("orch_workers smol code: peak -0.250") and all(
+        " smol " in x for x in lines[:6]
+    )
+
+
 def colour_share(png: bytes) -> float:
     """Share of a PNG's pixels in a saturated colour (data: lines, bands, areas); 0 for a text-only
     placeholder or empty axes, which are black and grey on white."""

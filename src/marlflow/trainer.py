@@ -92,7 +92,7 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
         # E[grad logp * log(pi / ref)], the unbiased gradient of KL(pi || ref), the reverse KL that grpo.beta and
         # kl_anchor (the paper's I1: beta_role * KL(pi_role || pi_ref)) put on the loss. Without it the k3
         # gradient is E[grad logp * (1 - ref / pi)], the gradient of the forward KL(ref || pi) (what verl's
-        # low_var_kl loss, the paper's code, differentiates). Every KL run in the README ran with True.
+        # low_var_kl loss, the paper's code, differentiates). Every KL run in docs/results.md ran with True.
         # tests/test_interventions.py::test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient checks both.
         use_bias_correction_kl=True,
         loss_type=g.loss_type,

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from marlflow.analysis import claims_table, contrasts, mean_ci, summary_by_cell
-from marlflow.analysis.claims import verdict
+from marlflow.analysis.claims import VALIDATED, verdict
 from marlflow.analysis.curves import SUMMARY_COLUMNS
 from marlflow.analysis.gradients import GRAD_COLUMNS
-from marlflow.analysis.stats import rate_ci, t_quantile
+from marlflow.analysis.stats import rate_ci, rate_diff_ci, t_quantile
 
 
 @pytest.mark.parametrize(
@@ -131,18 +131,69 @@ def grads(n_seeds: int) -> pd.DataFrame:
 def test_claims_verdicts():
     c = claims_table(summary(3), grads(3)).set_index("claim")
     assert list(c.index) == [f"C{i}" for i in range(1, 8)]
+    # a share of 1 in every seed, and an IP - SP peak of exactly 0.1 in every seed: zero-width intervals,
+    # which say nothing about the variance a new seed would show: inconclusive, never supported
     assert c.loc["C1", "value"] == 1.0 and c.loc["C1", "n_cells"] == 6
-    assert c.loc["C3", "value"] == pytest.approx(0.1) and c.loc["C3", "verdict"] == "supported"
+    assert c.loc["C1", "ci_lo"] == c.loc["C1", "ci_hi"] and c.loc["C1", "verdict"] == "inconclusive"
+    assert c.loc["C3", "value"] == pytest.approx(0.1) and c.loc["C3", "verdict"] == "inconclusive"
+    # 0/1 rates pooled over seeds with Newcombe intervals (18 SP/IP pairs; 6 vs 3 IP runs)
     assert c.loc["C4", "value"] == pytest.approx(2 / 3) and c.loc["C4", "verdict"] == "supported"
-    assert c.loc["C5", "value"] == 1.0 and c.loc["C5", "verdict"] == "supported"
-    assert c.loc["C6", "value"] == pytest.approx(0.45) and c.loc["C6", "verdict"] == "supported"
+    assert c.loc["C4", "n_cells"] == 9 and -1 <= c.loc["C4", "ci_lo"] < 2 / 3 < c.loc["C4", "ci_hi"] <= 1
+    assert (
+        c.loc["C5", "value"] == 1.0 and c.loc["C5", "verdict"] == "supported" and c.loc["C5", "ci_hi"] == 1.0
+    )
+    # statistics not validated to measure their claim are descriptive whatever their interval says
+    assert c.loc["C6", "value"] == pytest.approx(0.45) and c.loc["C6", "verdict"] == "descriptive"
     assert c.loc["C7", "value"] == pytest.approx(0.4) and c.loc["C7", "n_seeds"] == 3
+    assert set(c[c.verdict == "descriptive"].index) == {"C2", "C6", "C7"} == set(c.index) - set(VALIDATED)
+    # Bonferroni over the validated claims, and the toy scope, in every row
+    assert (c.loc[list(VALIDATED), "ci_level"] == 1 - 0.05 / len(VALIDATED)).all()
+    assert (c["scope"] == "designed environment (toy)").all()
     # one seed: no CI, every verdict inconclusive
     one = claims_table(summary(1), grads(1))
-    assert (one["verdict"] == "inconclusive").all() and one["ci_lo"].isna().all()
+    assert set(one["verdict"]) == {"inconclusive", "descriptive"} and one["ci_lo"].isna().all()
+
+
+def test_rate_difference_intervals_fit_0_1_data():
+    # Newcombe (1998), independent samples, method 10: 56/70 - 48/80 = 0.2, 95% CI [0.0524, 0.3339]
+    d, lo, hi, n = rate_diff_ci([1] * 56 + [0] * 14, [1] * 48 + [0] * 32)
+    assert (d, n) == (pytest.approx(0.2), 150) and (lo, hi) == (pytest.approx(0.0524, abs=5e-4),
+                                                                pytest.approx(0.3339, abs=5e-4))  # fmt: skip
+    # 3 of 3 against 0 of 3: a t-interval would be [1, 1]; this one is wide and inside [-1, 1]
+    d, lo, hi, _ = rate_diff_ci([1, 1, 1], [0, 0, 0], paired=True)
+    assert d == 1.0 and -1 <= lo < 0.5 and hi == 1.0
+    # pairs that always agree carry no evidence of a difference
+    d, lo, hi, _ = rate_diff_ci([1, 0, 1, 0], [1, 0, 1, 0], paired=True)
+    assert d == 0 and lo < 0 < hi
+
+
+def _null_summary(rng, n_seeds=3) -> pd.DataFrame:
+    """A toy-shaped summary where every validated claim's null holds: stagnation a coin flip (C1's null share
+    0.5), SP and IP peaks and cliffs from one distribution (C3, C4), IP cliffs independent of workflow (C5)."""
+    recs = []
+    for s in range(n_seeds):
+        for task in ("math", "code"):
+            recs.append(run("single", "sp", s, task=task))
+            for wf in ("eval_opt", "voting", "orch_workers"):
+                for sh in ("sp", "ip"):
+                    recs.append(run(wf, sh, s, task=task, peak=float(rng.normal(0.6, 0.05)),
+                                    cliff=bool(rng.random() < 0.3), stagnation=bool(rng.random() < 0.5)))  # fmt: skip
+    return pd.DataFrame(recs, columns=SUMMARY_COLUMNS)
+
+
+def test_claims_rule_rarely_gives_a_verdict_under_the_null():
+    """Family-wise: in <= 5% of simulated null matrices (3 seeds) does any validated claim get a verdict."""
+    rng = np.random.default_rng(7)  # 2.75% of 400 (C3 1.0%, C4 0.75%, C5 1.0%, C1 0%)
+    g = grads(3)
+    wrong = [
+        claims_table(_null_summary(rng), g).query("verdict in ['supported', 'contradicted']").shape[0] > 0
+        for _ in range(400)
+    ]
+    assert np.mean(wrong) <= 0.05, np.mean(wrong)
 
 
 def test_verdict_rule():
+    assert verdict(0.3, 0.3, 0.0, ">") == "inconclusive"  # zero width: no variance is not certainty
     assert verdict(0.1, 0.3, 0.0, ">") == "supported"
     assert verdict(-0.3, -0.1, 0.0, ">") == "contradicted"
     assert verdict(-0.1, 0.3, 0.0, ">") == "inconclusive"

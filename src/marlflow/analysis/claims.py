@@ -2,12 +2,20 @@
 
     claims = claims_table(summary, grads)   # CLAIM_COLUMNS, one row per claim C1..C7
 
-Every statistic is computed once per seed (on the runs of that seed; seeds are independent replications of
-the whole matrix), then averaged with a 95% t-interval over seeds (stats.mean_ci). Only runs without an
-intervention count. Verdict rule (VERDICT_RULE): supported if the whole CI lies on the claimed side of the
-null value, contradicted if it lies on the other side, inconclusive otherwise, and inconclusive whenever
-fewer than 2 seeds give the statistic (no CI). The gains use gain_confirmed (the cross-fitted peak minus
-base) when every run involved has it, else gain_peak.
+Most statistics are computed once per seed (on the runs of that seed; seeds are independent replications of
+the whole matrix), then averaged with a t-interval over seeds (stats.mean_ci). The rate differences of 0/1
+flags (C4: paired SP/IP cells; C5: two groups of runs) pool every seed's runs instead, with Newcombe's score
+interval for a difference of proportions (stats.rate_diff_ci). Only runs without an intervention count.
+
+Verdict rule (VERDICT_RULE, docs/claims.md section 2): a claim gets a verdict only if its statistic has been
+validated to measure it (VALIDATED, with how); the others are "descriptive". The intervals of the validated
+claims are Bonferroni-corrected over them (each at 1 - 0.05 / len(VALIDATED): the chance that any verdict is
+wrong under the null stays <= 5%, simulated in tests/test_seeds_claims.py). Supported if the whole corrected
+CI lies on the claimed side of the null value, contradicted if on the other side, inconclusive otherwise,
+with fewer than 2 seeds, or with a zero-width interval (e.g. a share of 1 in every seed: no variance is not
+certainty). `scope` says when every run is of a designed environment (toy, smol), which the verdicts then
+describe. Peaks and gains use the held-out peak (selected on validation, read on test) when every run
+involved has it, else the cross-fitted peak_confirmed, else peak.
 """
 
 from __future__ import annotations
@@ -18,25 +26,43 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.definitions import PARALLEL_ROLE
-from marlflow.analysis.stats import mean_ci
+from marlflow.analysis.definitions import CI_LEVEL, PARALLEL_ROLE
+from marlflow.analysis.stats import mean_ci, rate_diff_ci
 
 CLAIM_COLUMNS = ["claim", "text", "statistic", "value", "ci_lo", "ci_hi", "null", "direction", "n_seeds",
-                 "n_cells", "verdict", "rule"]  # fmt: skip
-VERDICT_RULE = ("supported if the 95% CI across seeds lies entirely above the null (below, for direction <); "
-                "contradicted if entirely on the other side; otherwise, or with < 2 seeds, inconclusive")  # fmt: skip
+                 "n_cells", "verdict", "rule", "ci_level", "scope"]  # fmt: skip
+FAMILY_ALPHA = 0.05  # the chance that any verdict of the table is wrong under the null (Bonferroni)
+# claim -> how its statistic was validated to measure the claim (docs/claims.md section 2). Claims not here
+# are tabulated as "descriptive": their statistic has not been shown to measure what the claim says.
+VALIDATED = {
+    "C1": "stagnation test calibrated by simulation (tests/test_calibration.py: flat runs 95-99% stagnation)",
+    "C3": "held-out / cross-fitted peaks are unbiased for flat curves (tests/test_calibration.py)",
+    "C4": "cliff test calibrated: <= 4.1% false cliffs (tests/test_calibration.py); paired Newcombe interval",
+    "C5": "cliff test calibrated (as C4); Newcombe interval for two independent rates",
+}
+DESIGNED = ("toy", "smol")  # scales that are designed environments: verdicts describe that environment
+VERDICT_RULE = (f"validated claims only (others: descriptive); intervals Bonferroni-corrected over the "
+                f"{len(VALIDATED)} validated claims (each at {1 - FAMILY_ALPHA / len(VALIDATED):.4g}); supported "
+                "if the corrected CI lies entirely above the null (below, for direction <), contradicted if "
+                "entirely on the other side; otherwise, with < 2 seeds or a zero-width CI, inconclusive")  # fmt: skip
 MA = ("eval_opt", "voting", "orch_workers")
 CELL3 = ["workflow", "scale", "task"]
 
 
+def _first_complete(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """The first of `columns` present with a value for every run (the last one otherwise)."""
+    for c in columns[:-1]:
+        if c in runs.columns and len(runs) and runs[c].notna().all():
+            return runs[c].astype(float)
+    return runs[columns[-1]].astype(float)
+
+
 def _gain(runs: pd.DataFrame) -> pd.Series:
-    g = runs["gain_confirmed"].astype(float)
-    return g if g.notna().all() and len(g) else runs["gain_peak"].astype(float)
+    return _first_complete(runs, ["gain_heldout", "gain_confirmed", "gain_peak"])
 
 
 def _peak(runs: pd.DataFrame) -> pd.Series:
-    p = runs["peak_confirmed"].astype(float)
-    return p if p.notna().all() and len(p) else runs["peak"].astype(float)
+    return _first_complete(runs, ["peak_heldout", "peak_confirmed", "peak"])
 
 
 def _epsilon2(y: np.ndarray, groups: list) -> float:
@@ -75,29 +101,32 @@ def _sp_ip_pairs(runs):
     return ma[ma["sharing"] == "sp"].merge(ma[ma["sharing"] == "ip"], on=CELL3, suffixes=("_sp", "_ip"))
 
 
+def _side(p: pd.DataFrame, suffix: str) -> pd.DataFrame:
+    cols = [c for c in p.columns if c.endswith(suffix)]
+    return p[cols].rename(columns={c: c[: -len(suffix)] for c in cols})
+
+
 def c3(runs, grads):
     p = _sp_ip_pairs(runs)
     if p.empty:
         return math.nan, 0
-    sp = _peak(p.rename(columns={"peak_sp": "peak", "peak_confirmed_sp": "peak_confirmed"}))
-    ip = _peak(p.rename(columns={"peak_ip": "peak", "peak_confirmed_ip": "peak_confirmed"}))
-    return float((ip - sp).mean()), len(p)
+    return float((_peak(_side(p, "_ip")).to_numpy() - _peak(_side(p, "_sp")).to_numpy()).mean()), len(p)
 
 
-def c4(runs, grads):
-    p = _sp_ip_pairs(runs)
-    if p.empty:
-        return math.nan, 0
-    return float((p["cliff_ip"].astype(float) - p["cliff_sp"].astype(float)).mean()), len(p)
+def c4(runs, grads, level):
+    """Pooled over seeds: IP - SP cliff rate over (workflow, task, scale, seed) pairs, paired interval."""
+    p = runs[runs["workflow"].isin(MA)]
+    p = p[p["sharing"] == "sp"].merge(p[p["sharing"] == "ip"], on=[*CELL3, "seed"], suffixes=("_sp", "_ip"))
+    m, lo, hi, n = rate_diff_ci(p["cliff_ip"].astype(float), p["cliff_sp"].astype(float), level, paired=True)
+    return m, lo, hi, n
 
 
-def c5(runs, grads):
+def c5(runs, grads, level):
+    """Pooled over seeds: IP cliff rate in voting / orch_workers minus in eval_opt, independent groups."""
     ip = runs[(runs["sharing"] == "ip") & runs["workflow"].isin(MA)]
-    par = ip[ip["workflow"].isin(PARALLEL_ROLE)]
-    other = ip[~ip["workflow"].isin(PARALLEL_ROLE)]
-    if par.empty or other.empty:
-        return math.nan, len(ip)
-    return float(par["cliff"].astype(float).mean() - other["cliff"].astype(float).mean()), len(ip)
+    par = ip[ip["workflow"].isin(PARALLEL_ROLE)]["cliff"].astype(float)
+    other = ip[~ip["workflow"].isin(PARALLEL_ROLE)]["cliff"].astype(float)
+    return rate_diff_ci(par, other, level)
 
 
 def c6(runs, grads):
@@ -127,9 +156,10 @@ CLAIMS: list[tuple[str, str, str, Callable, float, str]] = [
     ("C3", "IP reaches a higher peak than SP",
      "mean over (workflow, task, scale) of peak IP - peak SP (peak_confirmed if logged)", c3, 0.0, ">"),
     ("C4", "IP falls off terminal cliffs more often than SP",
-     "mean over (workflow, task, scale) of cliff IP - cliff SP (0/1)", c4, 0.0, ">"),
+     "cliff rate IP - SP over (workflow, task, scale, seed) pairs (0/1, pooled over seeds)", c4, 0.0, ">"),
     ("C5", "IP cliffs concentrate in Voting and Orch-Workers",
-     "IP cliff rate in voting and orch_workers minus IP cliff rate in eval_opt", c5, 0.0, ">"),
+     "IP cliff rate in voting and orch_workers minus IP cliff rate in eval_opt (pooled over seeds)", c5, 0.0,
+     ">"),
     ("C6", "under IP, same-role amplification is larger in Voting and Orch-Workers",
      "IP mean slot_amplification of the parallel role (voting generator, orch_workers worker) minus that of "
      "eval_opt's multi-round roles", c6, 0.0, ">"),
@@ -139,8 +169,12 @@ CLAIMS: list[tuple[str, str, str, Callable, float, str]] = [
 ]  # fmt: skip
 
 
+POOLED = {"C4", "C5"}  # claims whose function pools every seed and returns (value, lo, hi, n) at a level
+
+
 def verdict(lo: float, hi: float, null: float, direction: str) -> str:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+    """The rule for a validated claim's (corrected) interval; a zero-width one is inconclusive."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo <= 1e-12:
         return "inconclusive"
     above, below = lo > null, hi < null
     if direction == "<":
@@ -151,16 +185,27 @@ def verdict(lo: float, hi: float, null: float, direction: str) -> str:
 def claims_table(summary: pd.DataFrame, grads: pd.DataFrame) -> pd.DataFrame:
     """One row per claim (CLAIM_COLUMNS); see the module docstring for the rule."""
     runs = summary[(summary["n_evals"] > 0) & (summary["intervention"] == "none")]
+    level = 1 - FAMILY_ALPHA / len(VALIDATED)
+    designed = len(runs) > 0 and set(runs["scale"]) <= set(DESIGNED)
+    scope = f"designed environment ({', '.join(sorted(set(runs['scale'])))})" if designed else ""
+    n_seeds = int(runs["seed"].nunique()) if len(runs) else 0
     records = []
     for cid, text, stat, fn, null, direction in CLAIMS:
-        per_seed, cells = [], 0
-        for _, r in runs.groupby("seed", sort=True):
-            value, n = fn(r, grads)
-            per_seed.append(value)
-            cells = max(cells, n)
-        m, lo, hi, s = mean_ci(per_seed)
-        records.append([cid, text, stat, m, lo, hi, null, direction, s, cells, verdict(lo, hi, null, direction),
-                        VERDICT_RULE])  # fmt: skip
+        if cid in POOLED:
+            m, lo, hi, cells = fn(runs, grads, level)
+            s = n_seeds
+            if s < 2:  # one seed: a single replication of the matrix, no interval across seeds
+                lo = hi = math.nan
+        else:
+            per_seed, cells = [], 0
+            for _, r in runs.groupby("seed", sort=True):
+                value, n = fn(r, grads)
+                per_seed.append(value)
+                cells = max(cells, n)
+            m, lo, hi, s = mean_ci(per_seed, level if cid in VALIDATED else CI_LEVEL)
+        v = verdict(lo, hi, null, direction) if cid in VALIDATED else "descriptive"
+        records.append([cid, text, stat, m, lo, hi, null, direction, s, cells, v, VERDICT_RULE,
+                        level if cid in VALIDATED else CI_LEVEL, scope])  # fmt: skip
     out = pd.DataFrame.from_records(records, columns=CLAIM_COLUMNS)
     out["n_seeds"] = out["n_seeds"].astype("int64")
     out["n_cells"] = out["n_cells"].astype("int64")

@@ -29,7 +29,7 @@ def child(backend: str, model: str, threads: int) -> dict:
     import tempfile
 
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.generation import Sampling, request_seeds
+    from marlflow.sampling import Sampling, request_seeds
     from marlflow.train import build_trainer
 
     cfg = RunConfig(

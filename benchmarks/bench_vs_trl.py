@@ -238,7 +238,7 @@ def trl_trainer(
         raise SystemExit(f"TRL's GRPOConfig differs from ours in {diff}")
     targets = (
         g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
-    )  # as marlflow.train.attach_adapters
+    )  # as marlflow.models.attach_adapters
     lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
                       task_type="CAUSAL_LM")  # fmt: skip
     torch.manual_seed(cfg.seed)

@@ -403,9 +403,9 @@ def run_scale(args) -> dict:
 
     from marlflow.config import RunConfig  # noqa: F401 - fail here, with the import error, not later
     from marlflow.generation import Sampling
+    from marlflow.models import attach_adapters
     from marlflow.tasks import get_task
     from marlflow.tasks.math import last_boxed
-    from marlflow.train import attach_adapters
     from marlflow.trainer import MultiAgentGRPOTrainer
 
     t_start = time.perf_counter()

@@ -208,4 +208,4 @@ def test_prepare_rejects_a_hub_id_it_cannot_load_offline(tmp_path, hub_cache, mo
 def test_hub_pointer_folder_resolves_to_id(tmp_path, hub_cache):
     hub_cache("Qwen/Qwen3-4B")
     models.prepare("4b", "Qwen/Qwen3-4B", tmp_path)
-    assert models._resolve(str(tmp_path)) == ("Qwen/Qwen3-4B", True)
+    assert models.resolve_model_source(str(tmp_path)) == ("Qwen/Qwen3-4B", True)

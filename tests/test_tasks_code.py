@@ -13,7 +13,8 @@ from marlflow import sandbox
 from marlflow.config import TaskSpec
 from marlflow.tasks import get_task
 from marlflow.tasks import math as mathtasks
-from marlflow.tasks.code import MBPP_SPLITS, deepcoder_tests, extract_code
+from marlflow.tasks.code import MBPP_SPLITS, extract_code
+from marlflow.tasks.deepcoder_runtime import deepcoder_tests
 
 DATA = Path(__file__).parent / "data"
 HE = DATA / "humaneval" / "test.jsonl"

@@ -227,11 +227,11 @@ def test_python_dash_m_marlflow_is_the_command():
 
 
 def test_missing_model_message_is_filled_in(tmp_path, monkeypatch):
-    from marlflow.models import _resolve
+    from marlflow.models import resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as err:
-        _resolve("results/models/toy")
+        resolve_model_source("results/models/toy")
     msg = str(err.value)
     assert "`marlflow models prepare --scale toy --model results/models/toy --out results/models/toy`" in msg
     assert "<scale>" not in msg and "<model>" not in msg

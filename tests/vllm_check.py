@@ -25,7 +25,8 @@ import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from marlflow.config import GRPOParams, RunConfig, TaskSpec
-from marlflow.generation import HFBackend, Sampling, request_seeds
+from marlflow.generation import HFBackend
+from marlflow.sampling import Sampling, request_seeds
 from marlflow.train import build_trainer
 
 POLICIES = ("generator", "aggregator")

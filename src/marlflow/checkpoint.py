@@ -42,7 +42,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from marlflow.config import config_differences, config_fingerprint, training_identity
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
-from marlflow.runs import adapter_dir, base_model_id, set_base_model
+from marlflow.runs import adapter_dir, base_model_id, checkpoints, set_base_model
 
 log = logging.getLogger("marlflow.checkpoint")
 
@@ -52,10 +52,8 @@ class DiskFullError(RuntimeError):
 
 
 def complete(out_dir: Path) -> list[Path]:
-    """The run's complete checkpoints, oldest first."""
-    root = out_dir / "checkpoints"
-    done = [p for p in root.glob("step-*") if (p / "COMPLETE").exists() and p.name[5:].isdigit()]
-    return sorted(done, key=lambda p: int(p.name[5:]))
+    """The run's complete checkpoint folders, oldest first (found by `marlflow.runs.checkpoints`)."""
+    return list(checkpoints(out_dir).values())
 
 
 def rng_state() -> dict:

@@ -21,45 +21,10 @@ from __future__ import annotations
 import bisect
 import copy
 import functools
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class Sampling:
-    """How to sample: temperature 0 means greedy."""
-
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    # Base seed of this rollout's sampling (evaluation sets one). HF sampling draws from torch's global RNG,
-    # which the trainer seeds and checkpoints; vLLM keeps its own RNG, so it seeds each request from this.
-    seed: int | None = None
-
-
-def stop_token_ids(tokenizer, model=None) -> set[int]:
-    """Token ids that end a completion: the tokenizer's eos plus the model's generation-config eos ids.
-
-    vLLM stops at both by default; giving HF `generate` the same set keeps the backends identical (SmolLM2
-    says <|im_end|> in its tokenizer and <|endoftext|> in its generation config)."""
-    ids: set[int] = set()
-    for eos in (
-        tokenizer.eos_token_id,
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-    ):
-        if eos is None:
-            continue
-        ids.update([eos] if isinstance(eos, int) else eos)
-    if not ids:
-        raise ValueError("the tokenizer has no eos_token_id; set one (chat models end turns with it)")
-    return ids
-
-
-def request_seeds(seed: int, stage: int, n: int) -> list[int]:
-    """One seed per request of a stage: a pure function of (seed, stage, position), so a vLLM rollout does not
-    depend on batch composition or on what the engine sampled before (resume stays exact)."""
-    return [(seed * 1_000_003 + stage * 10_007 + i) % (2**31 - 1) for i in range(n)]
+from marlflow.sampling import Sampling, stop_token_ids
 
 
 class ChatEncoder:

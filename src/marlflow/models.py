@@ -37,7 +37,7 @@ import torch
 
 from marlflow.metrics import atomic_write_json
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # what a hub model id looks like: owner/name
 
 # Names that moved to marlflow.toybuild; `models.<name>` still works and imports the builder on first use.
 _TOY_NAMES = frozenset({"build_toy", "toy_version", "train_tokenizer", "toy_model", "encode", "warm_start",
@@ -273,7 +273,7 @@ def prepare(
         local = Path(model).expanduser()
         if local.is_dir() and (local / "config.json").exists():
             ready["model"] = str(local.resolve())
-        elif _HUB_ID.match(model) and not model.startswith("."):
+        elif HUB_ID.match(model) and not model.startswith("."):
             _check_hub_model(model, scale)
             ready["model"] = model  # a pointer: weights come from the hub cache when training starts
         else:
@@ -326,7 +326,7 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no")
 
 
-def _resolve(model: str) -> tuple[str, bool]:
+def resolve_model_source(model: str) -> tuple[str, bool]:
     """(what to pass to from_pretrained, is it a hub id). A prepared folder without weights points to a hub id."""
     path = Path(model).expanduser()
     if path.is_dir():
@@ -336,14 +336,14 @@ def _resolve(model: str) -> tuple[str, bool]:
             and ready
             and ready.get("model") not in (None, str(path.resolve()))
         ):
-            return _resolve(ready["model"])
+            return resolve_model_source(ready["model"])
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"model folder {model!r} exists but has no config.json (an interrupted or failed build?); "
                 f"rebuild it with {_build_command(model)}, or fix the model path in matrix.yaml"
             )
         return str(path), False
-    if _HUB_ID.match(model) and not model.startswith(".") and model.count("/") == 1:
+    if HUB_ID.match(model) and not model.startswith(".") and model.count("/") == 1:
         return model, True
     raise FileNotFoundError(
         f"model folder {model!r} does not exist; build it with {_build_command(model)}, or fix the model path "
@@ -369,6 +369,26 @@ def _build_command(model: str) -> str:
     )
 
 
+def attach_adapters(cfg, base):
+    """`base` with one freshly initialised LoRA adapter per policy of RunConfig `cfg` (B = 0: starts as the base).
+
+    The one place that builds a run's adapters: training (`marlflow.train`) and loading a run back
+    (`marlflow.runs.load_policy_model`) both call it, so a loaded run has exactly the trained structure."""
+    from peft import LoraConfig, get_peft_model
+
+    g = cfg.grpo
+    targets = (
+        g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
+    )
+    lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
+                      task_type="CAUSAL_LM")  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    model = get_peft_model(base, lora, adapter_name=cfg.policies[0])
+    for p in cfg.policies[1:]:
+        model.add_adapter(p, lora)
+    return model
+
+
 def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):
     """Load a causal LM and its tokenizer for generation and training.
 
@@ -386,7 +406,7 @@ def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    name, hub = _resolve(model)
+    name, hub = resolve_model_source(model)
     try:
         tok = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
         lm = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=_offline())

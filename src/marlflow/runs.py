@@ -87,7 +87,7 @@ def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:
 
     Run configs name local models relative to the repository root (results/models/toy); when the command
     runs elsewhere, the path is taken relative to the root above results/runs/<run_id>."""
-    from marlflow.models import _HUB_ID
+    from marlflow.models import HUB_ID
 
     model = Path(cfg.model).expanduser()
     if model.is_absolute() or model.exists():
@@ -95,7 +95,7 @@ def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:
     root = run_root(run_dir)
     if root is not None and (root / model).exists():
         return str(root / model)
-    if _HUB_ID.match(cfg.model) and not cfg.model.startswith("."):
+    if HUB_ID.match(cfg.model) and not cfg.model.startswith("."):
         return cfg.model
     where = [str(Path.cwd())] + ([str(root)] if root is not None and root != Path.cwd().resolve() else [])
     raise RunError(
@@ -116,9 +116,9 @@ def base_model_id(cfg: RunConfig, run_dir: str | Path) -> str:
     root that holds the run (results/models/toy), so that another clone, or a copy of results/ elsewhere,
     loads its own base with `AutoPeftModelForCausalLM.from_pretrained` run from its root, never the folder of
     the clone that trained it. A base outside that root stays absolute."""
-    from marlflow.models import _resolve
+    from marlflow.models import resolve_model_source
 
-    name, hub = _resolve(resolve_model(cfg, run_dir))
+    name, hub = resolve_model_source(resolve_model(cfg, run_dir))
     if hub:
         return name
     folder, root = Path(name).resolve(), run_root(run_dir)
@@ -142,14 +142,13 @@ def set_base_model(adapter_folder: Path, base: str) -> None:
 def load_policy_model(cfg: RunConfig, run_dir: str | Path, ckpt: Path | None, device: str | None = None):
     """The base model with the run's adapters, as the trainer builds it, holding the weights of `ckpt`.
 
-    The adapters are attached exactly as in training (`marlflow.train.attach_adapters`), so that the model
+    The adapters are attached exactly as in training (`marlflow.models.attach_adapters`), so that the model
     has the structure the trainer expects; then each policy's saved weights are loaded into its adapter.
     ckpt None keeps the fresh adapters (LoRA B = 0), i.e. the base model."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    from marlflow.models import load_model_and_tokenizer
-    from marlflow.train import attach_adapters
+    from marlflow.models import attach_adapters, load_model_and_tokenizer
 
     base, tok = load_model_and_tokenizer(resolve_model(cfg, run_dir), device=device or cfg.device)
     model = attach_adapters(cfg, base)

@@ -44,23 +44,6 @@ from marlflow.tasks import get_task
 from marlflow.tasks.splits import run_splits
 
 
-def attach_adapters(cfg: RunConfig, base):
-    """The base model with one freshly initialised LoRA adapter per policy (B = 0: starts as the base)."""
-    from peft import LoraConfig, get_peft_model
-
-    g = cfg.grpo
-    targets = (
-        g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
-    )
-    lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
-                      task_type="CAUSAL_LM")  # fmt: skip
-    torch.manual_seed(cfg.seed)
-    model = get_peft_model(base, lora, adapter_name=cfg.policies[0])
-    for p in cfg.policies[1:]:
-        model.add_adapter(p, lora)
-    return model
-
-
 def preflight(cfg: RunConfig) -> None:
     """Fail before any work when the run cannot work here: no GPU for a GPU run, a missing extra."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -93,7 +76,7 @@ class LoadedTask:
 
 
 def build_trainer(cfg: RunConfig, out_dir: Path, task=None):
-    from marlflow.models import load_model_and_tokenizer
+    from marlflow.models import attach_adapters, load_model_and_tokenizer
     from marlflow.trainer import MultiAgentGRPOTrainer
 
     preflight(cfg)

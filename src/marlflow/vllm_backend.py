@@ -30,7 +30,7 @@ what TRL's loss computes with `logits / temperature`); `last_logps` holds them p
 their mean distance to its own log-probabilities (`logp_gap`).
 
 Randomness: vLLM has its own sampler RNG, which the torch seed does not reach; every request carries its own
-seed (`generation.request_seeds`), a pure function of the rollout's seed, stage and position.
+seed (`marlflow.sampling.request_seeds`), a pure function of the rollout's seed, stage and position.
 
 vllm is imported here and only here, lazily; installs without vLLM never import this module's engine.
 """
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from marlflow.generation import Sampling, stop_token_ids
+from marlflow.sampling import Sampling, stop_token_ids
 
 log = logging.getLogger("marlflow.vllm")
 

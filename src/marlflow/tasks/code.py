@@ -19,7 +19,6 @@ The program is the last fenced Python block of a model output (else the whole ou
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -156,33 +155,6 @@ class HumanEval(CodeTask):
         return prefix + code if first[:1] in (" ", "\t") else prefix + "\n\n" + code
 
 
-def deepcoder_tests(raw) -> str:
-    """Sandbox test code for a DeepCoder `tests` field (JSON string or list); "" when it has none."""
-    tests = json.loads(raw) if isinstance(raw, str) else raw
-    if isinstance(tests, dict):  # TACO-style {"inputs": [...], "outputs": [...], "fn_name": ...}
-        fn = tests.get("fn_name")
-        pairs = list(zip(tests.get("inputs", []), tests.get("outputs", [])))
-        tests = [
-            {"type": "function_call" if fn else "stdin_stdout", "fn_name": fn, "input": i, "output": o}
-            for i, o in pairs
-        ]
-    if not tests:
-        return ""
-    calls = [t for t in tests if t.get("type") == "function_call" and t.get("fn_name")]
-    if calls:
-        # Call tests: the sandbox sends each call's arguments to the program and compares its (strictly
-        # encoded) return value here with `expected` (JSON-normalised; `[got] == expected` also passes).
-        fn = calls[0]["fn_name"]
-        cases = []
-        for t in calls:
-            args = json.loads(t["input"]) if isinstance(t["input"], str) else t["input"]
-            exp = json.loads(t["output"]) if isinstance(t["output"], str) else t["output"]
-            cases.append([args if isinstance(args, list) else [args], exp])
-        return sandbox.CALLS_MARKER + "\n" + json.dumps({"fn": fn, "cases": cases})
-    stdio = [(str(t["input"]), str(t["output"])) for t in tests if "input" in t and "output" in t]
-    return sandbox.stdio_tests(stdio) if stdio else ""
-
-
 @register("deepcoder")
 class DeepCoder(CodeTask):
     name = "deepcoder"
@@ -215,7 +187,7 @@ class DeepCoder(CodeTask):
         for i, tests_i in enumerate(parsed):
             kept = rt.keep_passed(tests_i, results.get(i)) if results_file else tests_i
             try:
-                tests = deepcoder_tests(kept) if kept else ""
+                tests = rt.deepcoder_tests(kept) if kept else ""
             except (ValueError, TypeError, KeyError) as err:
                 raise DataError(
                     f"{where(i)}: field 'tests' cannot be turned into sandbox tests ({err!r})"

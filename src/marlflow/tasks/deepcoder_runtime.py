@@ -9,7 +9,8 @@ over the primeintellect train split in its original order:
 - a problem left with no test is dropped;
 - then shuffle(seed=42): the first 1,000 problems are the test split, the rest train.
 
-`marlflow.tasks.code.DeepCoder.load` applies it when `task.runtime_results` names such a file. The
+`marlflow.tasks.code.DeepCoder.load` applies it when `task.runtime_results` names such a file, and turns
+each problem's kept tests into sandbox tests with `deepcoder_tests` (which the runtime check uses too). The
 authors did not release theirs (it is git-ignored), so this module also rebuilds one: it runs each row's
 first reference solution (`solutions[0]`) against each of its tests, one sandbox job per test, and writes the
 file in the same format. Problems without a reference solution are left out of the file, so they keep
@@ -31,6 +32,7 @@ import logging
 import sys
 from pathlib import Path
 
+from marlflow import sandbox
 from marlflow.tasks.math import DataError, Records
 
 log = logging.getLogger("marlflow.tasks.deepcoder")
@@ -138,6 +140,33 @@ def keep_passed(tests: list[dict], statuses: dict[int, str] | None) -> list[dict
     return [t for j, t in enumerate(tests) if statuses.get(j) == "passed"]
 
 
+def deepcoder_tests(raw) -> str:
+    """Sandbox test code for a DeepCoder `tests` field (JSON string or list); "" when it has none."""
+    tests = json.loads(raw) if isinstance(raw, str) else raw
+    if isinstance(tests, dict):  # TACO-style {"inputs": [...], "outputs": [...], "fn_name": ...}
+        fn = tests.get("fn_name")
+        pairs = list(zip(tests.get("inputs", []), tests.get("outputs", [])))
+        tests = [
+            {"type": "function_call" if fn else "stdin_stdout", "fn_name": fn, "input": i, "output": o}
+            for i, o in pairs
+        ]
+    if not tests:
+        return ""
+    calls = [t for t in tests if t.get("type") == "function_call" and t.get("fn_name")]
+    if calls:
+        # Call tests: the sandbox sends each call's arguments to the program and compares its (strictly
+        # encoded) return value here with `expected` (JSON-normalised; `[got] == expected` also passes).
+        fn = calls[0]["fn_name"]
+        cases = []
+        for t in calls:
+            args = json.loads(t["input"]) if isinstance(t["input"], str) else t["input"]
+            exp = json.loads(t["output"]) if isinstance(t["output"], str) else t["output"]
+            cases.append([args if isinstance(args, list) else [args], exp])
+        return sandbox.CALLS_MARKER + "\n" + json.dumps({"fn": fn, "cases": cases})
+    stdio = [(str(t["input"]), str(t["output"])) for t in tests if "input" in t and "output" in t]
+    return sandbox.stdio_tests(stdio) if stdio else ""
+
+
 def fingerprint(rows: Records, tests: list[list[dict]]) -> str:
     h = hashlib.sha256()
     for r, t in zip(rows, tests):
@@ -150,9 +179,7 @@ def compute_results(rows: Records, out: Path, timeout: float = 6.0, memory_mb: i
     """Run every row's first reference solution against each of its tests; write and return the results.
 
     Resumes from `out` when its sidecar says it belongs to the same rows."""
-    from marlflow import sandbox
     from marlflow.metrics import atomic_write_json
-    from marlflow.tasks.code import deepcoder_tests
 
     tests = [
         parse_tests(r.get("tests") if isinstance(r, dict) else None, rows.where(i))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from marlflow.generation import Sampling, request_seeds
+from marlflow.sampling import Sampling, request_seeds
 from marlflow.tasks import Problem
 
 

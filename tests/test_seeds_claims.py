@@ -114,6 +114,25 @@ def test_intervention_minus_none_paired_by_seed():
     assert list(dict.fromkeys(con["contrast"])) == ["sp-ip", "ma-sa", "itv-none"]
 
 
+def test_pooled_interventions_are_corrected_and_paired():
+    """Two interventions on voting-ip: cg lifts terminal_mean3 by 0.10 +- 0.01 in every seed, kl by nothing
+    (+-0.05); each is paired with its none run, intervals at 1 - 0.05/2, verdicts on the primary stat."""
+    from marlflow.analysis.seeds import pooled_interventions
+
+    recs = summary(3)
+    base = recs[(recs["workflow"] == "voting") & (recs["sharing"] == "ip")]
+    cg = base.assign(intervention="cg", terminal_mean3=base["terminal_mean3"] + [0.09, 0.10, 0.11],
+                     cliff=[False, False, False])  # fmt: skip
+    kl = base.assign(intervention="kl", terminal_mean3=base["terminal_mean3"] + [-0.05, 0.0, 0.05])
+    t = pooled_interventions(pd.concat([recs, cg, kl], ignore_index=True)).set_index(["intervention", "stat"])
+    assert (t["ci_level"] == 1 - 0.05 / 2).all() and (t["n_pairs"].xs("terminal_mean3", level=1) == 3).all()
+    assert t.loc[("cg", "terminal_mean3"), "mean"] == pytest.approx(0.10)
+    assert t.loc[("cg", "terminal_mean3"), "verdict"] == "positive"
+    assert t.loc[("kl", "terminal_mean3"), "verdict"] == "inconclusive"
+    assert t.loc[("cg", "cliff"), "mean"] == -1.0 and t.loc[("cg", "cliff"), "lo"] >= -1
+    assert t.loc[("cg", "cliff"), "hi"] > -1.0 and t.loc[("cg", "cliff"), "verdict"] == ""
+
+
 def grads(n_seeds: int) -> pd.DataFrame:
     recs = []
     for s in range(n_seeds):

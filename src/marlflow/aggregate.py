@@ -10,6 +10,7 @@ deterministically (sorted rows, no timestamps):
     summary_by_cell.parquet, .csv, .md         one row per cell: mean and 95% CI over seeds
     contrasts.csv, contrasts.md                seed-paired SP - IP, MA - SA, intervention - none differences, CIs
     claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
+    interventions.csv, interventions.md        each intervention minus none, pooled over cells and seeds (corrected)
 
 OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
 NaN in the csv/parquet; the md files then open with seeds.ONE_SEED_BANNER (how to get CIs) and show the
@@ -42,6 +43,7 @@ from marlflow.analysis.seeds import (
     contrasts,
     contrasts_markdown,
     one_seed,
+    pooled_interventions,
     summary_by_cell,
 )
 from marlflow.analysis.tables import CAPTION
@@ -62,6 +64,8 @@ OUTPUTS = [
     "contrasts.md",
     "claims.csv",
     "claims.md",
+    "interventions.csv",
+    "interventions.md",
 ]
 
 
@@ -83,6 +87,7 @@ def build_tables(metrics: pd.DataFrame) -> dict[str, pd.DataFrame]:
         "summary_by_cell": summary_by_cell(summary),
         "contrasts": contrasts(summary),
         "claims": claims_table(summary, grads),
+        "interventions": pooled_interventions(summary),
     }
 
 
@@ -123,6 +128,16 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     shown = claims.drop(columns=["rule"])
     atomic_write_text(
         out / "claims.md", f"{banner}Verdict rule: {VERDICT_RULE}.\n\n{markdown_table(shown, index=False)}"
+    )
+    itv = tables["interventions"]
+    atomic_write_text(out / "interventions.csv", csv_text(itv))
+    level = f"{itv['ci_level'].iloc[0]:.4g}" if len(itv) else "n/a"
+    atomic_write_text(
+        out / "interventions.md",
+        "Each intervention minus none, paired by cell and seed and pooled over them (analysis.seeds."
+        f"pooled_interventions); intervals Bonferroni-corrected over the {itv['intervention'].nunique()} "
+        f"interventions (each at {level}); cliff: Newcombe's paired interval; verdict on the primary stat.\n\n"
+        + (markdown_table(itv, index=False) if len(itv) else "No run with an intervention.\n"),
     )
     return [out / name for name in OUTPUTS]
 

@@ -19,7 +19,7 @@ import math
 
 import pandas as pd
 
-from marlflow.analysis.stats import mean_ci, rate_ci
+from marlflow.analysis.stats import mean_ci, rate_ci, rate_diff_ci
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
 
 CELL = ["workflow", "sharing", "scale", "task", "intervention"]
@@ -98,6 +98,51 @@ def _differences(name: str, left: pd.DataFrame, right: pd.DataFrame, on: list[st
             m, lo, hi, k = _diff_ci(g[st] - g[f"{st}_ref"], st)
             records.append([name, *key, st, k, m, lo, hi])
     return records
+
+
+POOLED_COLUMNS = ["intervention", "stat", "primary", "n_pairs", "n_cells", "mean", "lo", "hi", "ci_level",
+                  "verdict"]  # fmt: skip
+# The pooled intervention analysis's primary statistic when the preset declares none: terminal accuracy (mean
+# of the last 3 evals, on test problems nothing selected on), what an intervention against cliffs must keep.
+INTERVENTION_PRIMARY = "terminal_mean3"
+INTERVENTION_STATS = ("terminal_mean3", "gain_heldout", "cliff")
+
+
+def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIMARY,
+                         interventions: list[str] | None = None, family_alpha: float = 0.05) -> pd.DataFrame:  # fmt: skip
+    """Each intervention minus no intervention, pooled over every cell and seed it ran in (POOLED_COLUMNS).
+
+    Pairs: an intervention's run and the `none` run of the same workflow, sharing, scale, task and seed. The
+    mean paired difference of each stat (INTERVENTION_STATS, `primary` first) gets a t-interval over the
+    pairs, or Newcombe's paired score interval for the 0/1 cliff flag (stats.rate_diff_ci), at level
+    1 - family_alpha / m, m = the number of interventions compared (Bonferroni: all of the table's intervals
+    together cover with >= 95%). verdict, on the primary stat only: "positive" / "negative" when the
+    corrected interval excludes 0, else "inconclusive" (also with < 2 pairs or zero width); "" elsewhere.
+    interventions: the names to compare, as the preset declares them (default: every one present)."""
+    s = summary[summary["n_evals"] > 0]
+    names = interventions or sorted(set(s["intervention"]) - {"none"})
+    level = 1 - family_alpha / max(len(names), 1)
+    stats = [primary, *(st for st in INTERVENTION_STATS if st != primary)]
+    same_cell = ["workflow", "sharing", "scale", "task", "seed"]
+    ref = s[s["intervention"] == "none"]
+    records = []
+    for name in names:
+        pairs = _paired(s[s["intervention"] == name], ref, same_cell)
+        cells = int(pairs[["workflow", "sharing", "scale", "task"]].drop_duplicates().shape[0])
+        for st in stats:
+            if st == "cliff":
+                m, lo, hi, k = rate_diff_ci(pairs[st].astype(float), pairs[f"{st}_ref"].astype(float), level,
+                                            paired=True)  # fmt: skip
+            else:
+                m, lo, hi, k = mean_ci(pairs[st].astype(float) - pairs[f"{st}_ref"].astype(float), level)
+            v = ""
+            if st == primary:
+                ok = k >= 2 and math.isfinite(lo) and math.isfinite(hi) and hi - lo > 1e-12
+                v = "positive" if ok and lo > 0 else "negative" if ok and hi < 0 else "inconclusive"
+            records.append([name, st, st == primary, k, cells, m, lo, hi, level, v])
+    out = pd.DataFrame.from_records(records, columns=POOLED_COLUMNS)
+    out["n_pairs"] = out["n_pairs"].astype("int64")
+    return out
 
 
 def contrasts(summary: pd.DataFrame) -> pd.DataFrame:

@@ -95,11 +95,20 @@ def test_copy_follows_every_update_and_runs_its_own_forward(make_cfg, tmp_path):
 
 
 def test_bf16_generation_trains_both_sharings(make_cfg, tmp_path):
+    """Rollouts sampled from the bf16 copy train every adapter: with a reward that varies in every group
+    (parity_bf16), each policy's LoRA B, zero at the start, is nonzero after 2 steps, under SP and IP."""
+    from safetensors.torch import load_file
+
     for sharing in ("sp", "ip"):
-        cfg = dataclasses.replace(make_cfg("orch_workers", sharing), generation_dtype="bfloat16")
+        cfg = make_cfg("orch_workers", sharing, task="parity_bf16")
+        cfg = dataclasses.replace(cfg, generation_dtype="bfloat16")
         metrics = run(cfg, tmp_path / sharing)
         acc = metrics[(metrics.split == "eval") & (metrics.metric == "accuracy")]
         assert sorted(acc.step.unique()) == [0, 1, 2]
+        last = tmp_path / sharing / "checkpoints" / "step-2" / "adapters"
+        for policy in cfg.policies:
+            b = [t for k, t in load_file(last / policy / "adapter_model.safetensors").items() if "lora_B" in k]
+            assert b and any(t.abs().max() > 0 for t in b), (sharing, policy)
 
 
 def test_generation_dtype_setting(make_cfg, monkeypatch):

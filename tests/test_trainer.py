@@ -89,6 +89,41 @@ def test_generation_is_batched_per_stage(make_cfg, tmp_path, workflow):
             assert calls == EXPECTED_CALLS[workflow]
 
 
+def _update_grads(trainer, calls, adv) -> dict:
+    """policy -> the flat gradient update() hands its optimizer (after clipping), with the optimizer steps
+    replaced by a record, so the weights stay where they are for the next call."""
+    got = {}
+    for p, opt in trainer.optimizers.items():
+        opt.step = lambda p=p: got.__setitem__(
+            p, torch.cat([t.grad.flatten() for t in trainer.params[p]]).clone()
+        )
+    try:
+        trainer.update(calls, adv)
+    finally:
+        for opt in trainer.optimizers.values():
+            del opt.step  # the instance attribute; the class's step is back
+    return got
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_ip_gradients_are_isolated_with_both_policies_active(make_cfg, tmp_path):
+    """Both IP policies in one update: each adapter's gradient is the one its own role's calls give alone
+    (no leakage through the shared forward, the batching or the loss normaliser), and it is not zero."""
+    trainer = build_trainer(make_cfg("voting", "ip", task="parity", max_grad_norm=1e6), tmp_path)
+    episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    both = _update_grads(trainer, calls, adv)
+    assert set(both) == {"generator", "aggregator"}
+    for role in both:
+        own = [i for i, c in enumerate(calls) if c.role == role]
+        alone = _update_grads(trainer, [calls[i] for i in own], adv[own])
+        assert set(alone) == {role}  # the other policy got no gradient at all
+        assert both[role].norm() > 0 and _rel(both[role], alone[role]) < 1e-5, role
+
+
 def test_ip_update_touches_only_its_own_adapter(make_cfg, tmp_path):
     trainer = build_trainer(make_cfg("voting", "ip", task="parity"), tmp_path)
     episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
@@ -132,10 +167,11 @@ def test_toy_code_step_runs_in_sandbox(make_cfg, tmp_path):
 @pytest.mark.parametrize("loss_type,mb", [("grpo", 0), ("dapo", 0), ("bnpo", 0), ("grpo", 3), ("dapo", 3)])
 def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp_path, loss_type, mb):
     """update() runs only calls with nonzero advantage, per role and slot, in length-sorted chunks of at most
-    `micro_batch_size` calls; its loss and gradient norm must equal TRL's `_compute_loss` on the policy's
-    whole batch, zero-advantage calls included."""
+    `micro_batch_size` calls, with shared-prefix forwards; its loss and its FULL gradient vector must equal
+    plain TRL's `_compute_loss` on the policy's whole batch (zero-advantage calls included, prefix sharing
+    off: TRL's own forward), not just the gradient's norm."""
     cfg = dataclasses.replace(
-        make_cfg("voting", "sp", task="parity", loss_type=loss_type), micro_batch_size=mb
+        make_cfg("voting", "sp", task="parity", loss_type=loss_type, max_grad_norm=1e6), micro_batch_size=mb
     )
     trainer = build_trainer(cfg, tmp_path)
     episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
@@ -146,13 +182,22 @@ def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp
     trainer.model.set_adapter("shared")
     trainer.model.train()
     tokens = sum(len(c.completion_ids) for c in calls)
+    trainer.share_prefix = False  # the reference is TRL's plain forward, not the shared-prefix override
     ref = trainer._compute_loss(trainer.model, trainer.collate(calls, adv, tokens))
     ref.backward()
-    ref_norm = torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).norm().item()
+    trainer.share_prefix = True
+    ref_grad = torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).clone()
     trainer.optimizers["shared"].zero_grad(set_to_none=True)
+    got = {}
+    opt = trainer.optimizers["shared"]
+    opt.step = lambda: got.setdefault(
+        "g", torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).clone()
+    )
     stats = trainer.update(calls, adv)
+    del opt.step
     assert stats["all"]["loss"] == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)
-    assert stats["all"]["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
+    assert stats["all"]["grad_norm"] == pytest.approx(ref_grad.norm().item(), rel=1e-4)
+    assert ref_grad.norm() > 0 and _rel(got["g"], ref_grad) < 1e-4  # the whole vector, not only its norm
     assert stats["generator"]["live_frac"] < 1
 
 

@@ -7,7 +7,7 @@ rollout (the preset's 200 problems, T = 0.7, one fixed seed) under three paths, 
 
 - `generate`: the path before this change: each distinct prompt prefilled once, then HF `generate` with that
   cache, and transformers' "sdpa" attention (grouped K/V heads copied to every query head under a mask);
-- `loop`: `marlflow.generation.sample` (generate's tokens, finished rows dropped) with the GQA attention;
+- `loop`: `marlflow.fastgen.sample` (generate's tokens, finished rows dropped) with the GQA attention;
 - `loop+kv`: the default: `loop` plus the reuse of earlier calls' K/V (`PrefixKV`).
 
 The store is cleared before every rollout (as after the weight update that precedes every evaluation), so no
@@ -26,8 +26,10 @@ import torch
 from bench_generation_dtype import eval_rollout_args  # this folder is on sys.path when run as a script
 
 from marlflow.config import RunConfig
-from marlflow.generation import GQA_SDPA, _prefill_cache, distinct_rows, trim_completion
+from marlflow.fastgen import GQA_SDPA, prefill_cache
+from marlflow.generation import trim_completion
 from marlflow.matrix import run_sheet
+from marlflow.sampling import distinct_rows
 from marlflow.train import build_trainer
 from marlflow.workflows import rollout
 
@@ -52,7 +54,7 @@ def _generate_before(backend):
                       eos_token_id=list(backend.eos_ids), do_sample=True, temperature=sampling.temperature,
                       top_p=sampling.top_p, top_k=0)  # fmt: skip
         if len(first) < len(prompts) and width > 1:
-            kwargs["past_key_values"] = _prefill_cache(model, ids, mask, first, inv)
+            kwargs["past_key_values"] = prefill_cache(model, ids, mask, first, inv)
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         return [trim_completion(g, backend.eos_ids) for g in out[:, width:].tolist()]
 

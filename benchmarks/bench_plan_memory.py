@@ -8,7 +8,7 @@
 `fit` counts the tensors one decoder layer saves for backward (torch.autograd.graph.saved_tensors_hooks, distinct
 storages, parameters skipped) on random models of varied widths with LoRA on every linear layer, and fits bytes
 per token per layer as a linear function of the widths (marlflow.plan.ACT_COEF). bf16 uses transformers' SDPA
-(the CUDA path); fp32 uses the trainer's CPU attention (marlflow.generation.use_gqa_sdpa).
+(the CUDA path); fp32 uses the trainer's CPU attention (marlflow.fastgen.use_gqa_sdpa).
 
 `validate` and `table` measure the real peak of one forward-backward chunk through the trainer's own path:
 `MultiAgentGRPOTrainer.update` on one slot's calls (collate -> TRL `_compute_loss` -> backward -> clip ->
@@ -50,7 +50,7 @@ def saved_bytes(arch, h, i, nh, nkv, hd, layers, r, dtype, seq=64, gqa=False) ->
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from marlflow.generation import use_gqa_sdpa
+    from marlflow.fastgen import use_gqa_sdpa
 
     cls = transformers.Qwen3Config if arch == "qwen3" else transformers.LlamaConfig
     cfg = cls(vocab_size=512, hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=nh,

@@ -1,5 +1,6 @@
 """What every generation backend shares: how to sample (`Sampling`), where completions stop
-(`stop_token_ids`), per-request seeds (`request_seeds`) and the interface a backend offers (`Backend`).
+(`stop_token_ids`), per-request seeds (`request_seeds`), the rows of a batch that share a prompt
+(`distinct_rows`) and the interface a backend offers (`Backend`).
 
 Both backends import this module and neither imports the other's: `marlflow.generation` (the hf backend and
 `make_backend`, which picks one) and `marlflow.vllm_backend`. Nothing here imports torch or a model library.
@@ -45,6 +46,18 @@ def request_seeds(seed: int, stage: int, n: int) -> list[int]:
     """One seed per request of a stage: a pure function of (seed, stage, position), so a vLLM rollout does not
     depend on batch composition or on what the engine sampled before (resume stays exact)."""
     return [(seed * 1_000_003 + stage * 10_007 + i) % (2**31 - 1) for i in range(n)]
+
+
+def distinct_rows(keys) -> tuple[list[int], list[int]]:
+    """Hashable row keys -> (first row of each distinct key, each row's distinct-key index), in row order."""
+    index: dict = {}
+    first, inv = [], []
+    for row, key in enumerate(keys):
+        k = index.setdefault(key, len(index))
+        if k == len(first):
+            first.append(row)
+        inv.append(k)
+    return first, inv
 
 
 class Backend(Protocol):

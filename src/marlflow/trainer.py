@@ -47,8 +47,10 @@ from marlflow import algos, checkpoint, preempt
 from marlflow import interventions as itv
 from marlflow.analysis.definitions import SUPERVISOR, solution_marker
 from marlflow.base_eval import SharedBaseEval
-from marlflow.generation import ChatEncoder, Sampling, distinct_rows, make_backend, use_gqa_sdpa
+from marlflow.fastgen import use_gqa_sdpa
+from marlflow.generation import ChatEncoder, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, rows
+from marlflow.sampling import Sampling, distinct_rows
 from marlflow.tasks.splits import run_splits
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, RolloutStopped, rollout

@@ -154,7 +154,7 @@ CLAIMS: list[tuple[str, str, str, Callable, float, str]] = [
      "epsilon^2 of the gain by (workflow, task, scale) minus epsilon^2 by sharing, multi-agent runs", c2, 0.0,
      ">"),
     ("C3", "IP reaches a higher peak than SP",
-     "mean over (workflow, task, scale) of peak IP - peak SP (peak_confirmed if logged)", c3, 0.0, ">"),
+     "mean over (workflow, task, scale) of peak IP - peak SP (peak_heldout, else peak_confirmed, else peak)", c3, 0.0, ">"),
     ("C4", "IP falls off terminal cliffs more often than SP",
      "cliff rate IP - SP over (workflow, task, scale, seed) pairs (0/1, pooled over seeds)", c4, 0.0, ">"),
     ("C5", "IP cliffs concentrate in Voting and Orch-Workers",

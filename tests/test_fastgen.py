@@ -137,3 +137,17 @@ def test_the_switch(make_cfg, tmp_path, monkeypatch):
         fastgen.enabled()
     monkeypatch.delenv(fastgen.ENV)
     assert fastgen.enabled()
+
+
+def test_a_reference_run_does_not_reuse_a_fast_step0_evaluation(make_cfg, monkeypatch):
+    """Step-0 evaluations are shared across runs by a key of what they depend on (marlflow.base_eval); the
+    sampler is one of those things, because in bf16 the two paths can draw different tokens."""
+    from marlflow import base_eval
+
+    cfg = make_cfg("single", "sp")
+    monkeypatch.setenv(fastgen.ENV, "1")
+    fast = base_eval.key(cfg)
+    monkeypatch.delenv(fastgen.ENV)
+    assert base_eval.key(cfg) == fast  # the default is the fast path: existing keys are kept
+    monkeypatch.setenv(fastgen.ENV, "0")
+    assert base_eval.key(cfg) != fast

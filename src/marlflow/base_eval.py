@@ -5,8 +5,8 @@ with B = 0, so every policy's weights are the base model's bit for bit (W + s B 
 routes every role through one policy (`policies[0]`), so an IP run issues exactly the generate calls of the
 SP run of its cell (same batches, same K/V reuse, same seeded RNG stream) and gets the same episodes. What
 decides it is the run config without the fields that act on training only (`TRAINING_ONLY`), the model's
-and the task's local files (by content, or size and mtime above 64 MiB), marlflow's source and the numerical libraries' versions; their hash (`key`)
-names the result:
+and the task's local files (by content, or size and mtime above 64 MiB), marlflow's source and the numerical libraries' versions, and the sampler
+when MARLFLOW_FASTGEN=0 picks the reference one (marlflow.fastgen); their hash (`key`) names the result:
 
     RUNS/.base-evals/<key>.parquet          the evaluation's metric rows (marlflow.metrics schema)
     RUNS/.base-evals/<key>-samples.parquet  its sample rows
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from marlflow import fastgen
 from marlflow.metrics import FACTOR_COLUMNS, atomic_write_parquet
 
 # RunConfig fields (top level, and under grpo) that do not change the step-0 evaluation: they name the run,
@@ -97,13 +98,16 @@ def inputs(cfg) -> dict:
         for name in names:
             target.pop(name, None)
     task = dataclasses.asdict(cfg.task)
-    return {
+    out = {
         "config": d,
         "model_files": _files(cfg.model),
         "task_files": {k: _files(v) for k, v in task.items() if isinstance(v, str) and k != "name"},
         "source": _source_digest(),
         "libraries": {n: _version(n) for n in LIBRARIES},
     }
+    if not fastgen.enabled():  # the reference sampler (MARLFLOW_FASTGEN=0) can draw other bf16 tokens
+        out["sampler"] = "reference"
+    return out
 
 
 def key(cfg) -> str:

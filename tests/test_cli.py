@@ -275,6 +275,7 @@ def test_chat_answers_piped_lines_with_the_roles_adapter(trained_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from marlflow.runs import run_root
     from marlflow.workflows import prompts
 
     run_dir, cfg = trained_run
@@ -284,6 +285,9 @@ def test_chat_answers_piped_lines_with_the_roles_adapter(trained_run):
     assert len(replies) == 2, out.stdout
     folder = run_dir / "final" / "generator"
     base_id = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+    # The adapter names its base relative to the root that holds results/ (runs.base_model_id), as PEFT reads
+    # it when loaded from that root; this test runs elsewhere, so it joins the two.
+    base_id = str(run_root(run_dir) / base_id)
     tok = AutoTokenizer.from_pretrained(base_id)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_id), folder).eval()
     for problem, reply in zip(problems, replies):

@@ -638,19 +638,24 @@ def jobs_use_this_python() -> None:
             os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
 
 
-def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> pd.DataFrame:
-    """Expand one preset into a DataFrame indexed by run_id (columns: SHEET_COLUMNS).
-
-    `config` holds the JSON of `RunConfig.to_dict()`; building the RunConfig here means every invalid
-    value is caught at expansion time. Raises MatrixError.
-    """
+def _selected(path_or_dict, preset: str | None, overrides: dict | None):
+    """(doc, file name, preset name, resolved preset, axes after --config overrides). Raises MatrixError."""
     doc = load_matrix(path_or_dict)
     name = "matrix" if isinstance(path_or_dict, dict) else str(path_or_dict)
     preset = preset or doc["default_preset"]
     if preset not in doc["presets"]:
         _fail(f"{name}: preset", _unknown_preset(preset, doc))
     p = resolve_preset(doc, preset, name)
-    axes = _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
+    return doc, name, preset, p, _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
+
+
+def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> pd.DataFrame:
+    """Expand one preset into a DataFrame indexed by run_id (columns: SHEET_COLUMNS).
+
+    `config` holds the JSON of `RunConfig.to_dict()`; building the RunConfig here means every invalid
+    value is caught at expansion time. Raises MatrixError.
+    """
+    doc, name, preset, p, axes = _selected(path_or_dict, preset, overrides)
     for axis in ("scale", "task"):
         table = {"scale": "models", "task": "tasks"}[axis]
         for v in axes[axis]:
@@ -711,13 +716,7 @@ def output_dir(path_or_dict, preset: str | None = None, overrides: dict | None =
     `results/presets/<preset>` for any other preset in full, and `.../slice-<axis>-<v1+v2>,<axis>-<v>` below
     either for a slice (--config axis restrictions that leave out some of the preset's values).
     Raises MatrixError like run_sheet."""
-    doc = load_matrix(path_or_dict)
-    name = "matrix" if isinstance(path_or_dict, dict) else str(path_or_dict)
-    preset = preset or doc["default_preset"]
-    if preset not in doc["presets"]:
-        _fail(f"{name}: preset", _unknown_preset(preset, doc))
-    p = resolve_preset(doc, preset, name)
-    axes = _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
+    doc, name, preset, p, axes = _selected(path_or_dict, preset, overrides)
     out = "results" if preset == doc["default_preset"] else f"results/presets/{preset}"
     sliced = [a for a in AXES if {str(v) for v in axes[a]} != {str(v) for v in p["axes"][a]}]
     if sliced:

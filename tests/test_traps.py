@@ -219,6 +219,14 @@ def test_every_command_has_its_help_and_errors_under_the_name_users_type(command
     assert bad.value.code == 2 and f"usage: marlflow {command} " in err and "python -m" not in err, err
 
 
+def test_sandbox_help_names_marlflow_sandbox():
+    """The sandbox keeps its one-JSON-line error contract, but its help names the command users type."""
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow", "sandbox", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.startswith("usage: marlflow sandbox "), out.stdout[:200]
+
+
 def test_python_dash_m_marlflow_is_the_command():
     out = subprocess.run(
         [sys.executable, "-m", "marlflow", "--help"], capture_output=True, text=True, timeout=60

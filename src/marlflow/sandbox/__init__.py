@@ -47,7 +47,7 @@ reproducible: no randomness or clock in program or tests, status passed/failed/s
 Command line (prints one JSON line in every case; exit 0 whatever the verdict, 2 with a JSON error for
 bad input, 1 if the command itself fails):
 
-    python -m marlflow.sandbox --code sol.py [--tests tests.py] [--stdin in.txt --expect out.txt]
+    marlflow sandbox --code sol.py [--tests tests.py] [--stdin in.txt --expect out.txt]
         [--entry-point NAME] [--timeout 5] [--memory-mb 1024]
 
 Module order matters: `_result` (constants, encoding) and `_kernel` have no side effects beyond probing

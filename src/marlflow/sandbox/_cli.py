@@ -66,7 +66,7 @@ def _mib(s: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m marlflow.sandbox", description="Run an untrusted program against tests.")
+    ap = _Parser(prog="marlflow sandbox", description="Run an untrusted program against tests.")
     ap.add_argument("--code", required=True, help="file with the untrusted solution")
     ap.add_argument("--tests", help="file with Python test code (optional with --stdin/--expect)")
     ap.add_argument("--stdin", help="file fed to the program's stdin")
@@ -98,6 +98,10 @@ def main(argv=None) -> int:
         r = run_local(code, tests, stdin if stdio else None, expect, a.timeout, a.memory_mb, a.entry_point)
     except (_UsageError, ValueError, TypeError) as e:
         return _fail(str(e))
+    except SystemExit as e:  # argparse's --help exits 0 after printing the help: that is the answer
+        if e.code in (0, None):
+            return 0
+        return _fail(f"exited with {e.code!r}")
     except BaseException as e:  # noqa: BLE001 - one JSON line in every case, even for our own bug
         sys.stdout.write(
             json.dumps({"status": "error", "passed": False, "error": f"{type(e).__name__}: {e}"[:1000]})

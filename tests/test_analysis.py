@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -413,3 +414,34 @@ def test_heldout_peak_is_selected_on_validation_and_read_on_test():
     assert pd.isna(s.loc["voting-ip-toy-math-s0", "peak_heldout_step"])
     single = s.loc["single-sp-toy-math-s0"]
     assert single.peak_heldout_step == 0 and single.gain_heldout == 0.0
+
+
+def test_evidence_tables_are_regenerated_from_committed_data():
+    """Every results/evidence/<experiment>/ holds data with provenance, its tables/*.md are what its
+    metrics.parquet renders to, and every table README.md or docs/ quote from it is that rendering."""
+    from marlflow.analysis import evidence
+
+    folders = sorted(p for p in evidence.EVIDENCE.iterdir() if p.is_dir())
+    assert folders, "no committed evidence under results/evidence"
+    for folder in folders:
+        prov = json.loads((folder / "provenance.json").read_text())
+        assert {"commit", "command", "cpu", "torch", "threads", "weights_sha256"} <= set(prov)
+        assert prov["commit"] and prov["cpu"]["model"]
+        assert evidence.render(folder.name, check=True) == [], folder.name
+        s = pd.read_parquet(folder / "summary.parquet")  # the pipeline's own summary agrees with the data
+        pd.testing.assert_frame_equal(s, summarize_runs(pd.read_parquet(folder / "metrics.parquet")))
+    docs = [evidence.ROOT / "README.md", *sorted((evidence.ROOT / "docs").glob("*.md"))]
+    quoted = evidence.quotes(docs)
+    assert quoted, "no document quotes an evidence table"
+    for where, exp, name, text in quoted:
+        assert text == (evidence.EVIDENCE / exp / "tables" / f"{name}.md").read_text(), (where, exp, name)
+
+
+def test_evidence_render_check_finds_an_edited_table(metrics, tmp_path):
+    from marlflow.analysis import evidence
+
+    atomic_write_parquet(metrics, tmp_path / "exp" / "metrics.parquet")
+    assert set(evidence.render("exp", tmp_path)) == set(evidence.TABLES)
+    assert evidence.render("exp", tmp_path, check=True) == []
+    (tmp_path / "exp" / "tables" / "claims.md").write_text("edited by hand\n")
+    assert evidence.render("exp", tmp_path, check=True) == ["claims"]

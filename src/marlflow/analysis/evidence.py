@@ -1,0 +1,164 @@
+"""Results as data: committed result files with their provenance, and the tables the docs quote, regenerated.
+
+An experiment's evidence is a folder results/evidence/<experiment>/ holding
+    metrics.parquet    every run's metrics rows (marlflow.metrics schema), the data everything is computed from
+    summary.parquet    the aggregate's per-run summary of those runs, as the run's pipeline wrote it
+    provenance.json    commit, toy weights hash, CPU model and kernel flags, torch version, threads, command
+    tables/<name>.md   the tables rendered from metrics.parquet (summary, summary_by_cell, contrasts, claims,
+                       interventions), exactly as `render` writes them
+
+    python -m marlflow.analysis.evidence collect toy_slice --results /path/to/worktree/results \\
+        --command "snakemake --profile profiles/local --config preset=toy workflows=[single,voting] tasks=[math]"
+    python -m marlflow.analysis.evidence render toy_slice          # (re)write tables/*.md from the data
+    python -m marlflow.analysis.evidence render toy_slice --check  # exit 1 if a committed table differs
+
+Docs quote a table between `<!-- evidence: EXPERIMENT/NAME.md -->` and `<!-- /evidence -->`;
+tests/test_analysis.py regenerates every quoted table from the committed data and compares it with the quote,
+and with tables/<name>.md. Only runs of the code at the recorded commit belong in a folder (provenance.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from marlflow.metrics import atomic_write_json, atomic_write_parquet, atomic_write_text, validate_metrics
+
+ROOT = Path(__file__).resolve().parents[3]
+EVIDENCE = ROOT / "results" / "evidence"
+TABLES = ("summary", "summary_by_cell", "contrasts", "claims", "interventions")
+QUOTE = re.compile(r"<!-- evidence: ([\w.-]+)/([\w.-]+)\.md -->\n(.*?)<!-- /evidence -->", re.S)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that change toy kernels
+
+
+def cpu() -> dict:
+    """The CPU's model name and the kernel-relevant flags it has (Linux /proc/cpuinfo; else platform's)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor(), "flags": []}
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
+
+
+def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
+    """name -> markdown of each TABLES table, computed from metrics rows by the aggregate step's code."""
+    from marlflow.aggregate import build_tables
+    from marlflow.analysis import markdown_table
+    from marlflow.analysis.seeds import ci_markdown, contrasts_markdown
+
+    t = build_tables(metrics)
+    shown = {
+        "summary": t["summary"],
+        "summary_by_cell": ci_markdown(t["summary_by_cell"]),
+        "contrasts": contrasts_markdown(t["contrasts"]),
+        "claims": t["claims"].drop(columns=["rule"]),
+        "interventions": t["interventions"],
+    }
+    return {name: markdown_table(df, index=False) for name, df in shown.items()}
+
+
+def collect(experiment: str, results: Path, command: str, out_root: Path = EVIDENCE) -> Path:
+    """Copy an experiment's data (results/runs/*/metrics.parquet, results/tables/summary.parquet) into
+    out_root/experiment with provenance.json, then render its tables. Returns the folder."""
+    import torch
+
+    from marlflow.analysis.io import load_runs
+
+    runs = sorted((results / "runs").glob("*/metrics.parquet"))
+    metrics, _ = load_runs(runs)
+    out = out_root / experiment
+    atomic_write_parquet(validate_metrics(metrics), out / "metrics.parquet")
+    atomic_write_parquet(pd.read_parquet(results / "tables" / "summary.parquet"), out / "summary.parquet")
+    configs = [json.loads((p.parent / "config.json").read_text()) for p in runs]
+    warm = {}
+    for cfg in configs:
+        w = Path(results.parent, cfg["model"], "warmstart.json")
+        if w.is_file():
+            warm[cfg["model"]] = json.loads(w.read_text()).get("weights_sha256", "")
+    commit = subprocess.run(["git", "-C", str(results.parent), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()  # fmt: skip
+    atomic_write_json(
+        out / "provenance.json",
+        {
+            "experiment": experiment,
+            "commit": commit,
+            "command": command,
+            "runs": [c["run_id"] for c in configs],
+            "weights_sha256": warm,
+            "cpu": cpu(),
+            "torch": torch.__version__,
+            "threads": sorted({c.get("threads", 1) for c in configs}),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+            "python": platform.python_version(),
+        },
+    )
+    render(experiment, out_root)
+    return out
+
+
+def render(experiment: str, root: Path = EVIDENCE, check: bool = False) -> list[str]:
+    """Write (or, with check, compare) root/experiment/tables/<name>.md from its metrics.parquet. Returns the
+    names that differ from the committed files (check) or were written."""
+    folder = root / experiment
+    if not (folder / "metrics.parquet").is_file():
+        raise FileNotFoundError(f"{folder / 'metrics.parquet'} is missing: run `collect {experiment}` first")
+    rendered = tables_of(pd.read_parquet(folder / "metrics.parquet"))
+    changed = []
+    for name, text in rendered.items():
+        path = folder / "tables" / f"{name}.md"
+        if check:
+            if not path.is_file() or path.read_text() != text:
+                changed.append(name)
+        else:
+            atomic_write_text(path, text)
+            changed.append(name)
+    return changed
+
+
+def quotes(paths) -> list[tuple[str, str, str, str]]:
+    """(file, experiment, table, quoted text) of every evidence block in the given markdown files."""
+    out = []
+    for p in paths:
+        for m in QUOTE.finditer(Path(p).read_text()):
+            out.append((str(p), m.group(1), m.group(2), m.group(3)))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m marlflow.analysis.evidence", description=__doc__.split("\n")[0]
+    )
+    sub = ap.add_subparsers(dest="verb", required=True)
+    c = sub.add_parser("collect", help="copy an experiment's results into results/evidence/<experiment>")
+    c.add_argument("experiment")
+    c.add_argument("--results", type=Path, required=True, help="the results/ folder the runs wrote")
+    c.add_argument("--command", required=True, help="the command that made the runs, for provenance.json")
+    r = sub.add_parser("render", help="regenerate results/evidence/<experiment>/tables/*.md")
+    r.add_argument("experiment")
+    r.add_argument("--check", action="store_true", help="compare with the committed tables instead")
+    args = ap.parse_args(argv)
+    if args.verb == "collect":
+        print(collect(args.experiment, args.results, args.command))
+        return 0
+    changed = render(args.experiment, check=args.check)
+    if args.check and changed:
+        print(
+            f"tables differ from their data: {', '.join(changed)}; rerun `render {args.experiment}`",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -107,7 +107,9 @@ def test_bf16_generation_trains_both_sharings(make_cfg, tmp_path):
         assert sorted(acc.step.unique()) == [0, 1, 2]
         last = tmp_path / sharing / "checkpoints" / "step-2" / "adapters"
         for policy in cfg.policies:
-            b = [t for k, t in load_file(last / policy / "adapter_model.safetensors").items() if "lora_B" in k]
+            b = [
+                t for k, t in load_file(last / policy / "adapter_model.safetensors").items() if "lora_B" in k
+            ]
             assert b and any(t.abs().max() > 0 for t in b), (sharing, policy)
 
 

@@ -245,3 +245,28 @@ def test_readme_names_the_shipped_toy_weights():
     """The README's expectations name the weights they were measured with: the model that ships."""
     shipped = json.loads((ROOT / "src/marlflow/toy_model/warmstart.json").read_text())["weights_sha256"]
     assert f"`{shipped[:8]}…`" in README.read_text()
+
+
+def test_readme_expectations_come_from_the_committed_toy_evidence():
+    """The README's "Accuracy on [A]" numbers are the committed `results/evidence/toy` summary (trained at the
+    commit its provenance.json names; a fresh-clone `make run` at 211efdf gave the same tables): recompute each
+    and find it in that bullet, so the README cannot drift from the data."""
+    import pandas as pd
+
+    s = pd.read_parquet(ROOT / "results/evidence/toy/summary.parquet")
+    text = README.read_text()
+    bullet = text[text.index("- **Accuracy on [A]**") : text.index("- **What is learned on [A]:**")]
+    bullet = " ".join(bullet.split())
+    math, code = s[s["task"] == "math"], s[s["task"] == "code"]
+
+    def f(x: float) -> str:
+        return f"{x:.3f}".rstrip("0").rstrip(".") if round(x, 3) != round(x, 2) else f"{x:.2f}"
+
+    assert f"bases {f(s['base'].min())}–{f(s['base'].max())}" in bullet, bullet
+    c = code["peak_heldout"]
+    assert f"every code run peaks at {c.min():.3f}–{c.max():.3f}" in bullet, bullet
+    lo = math.loc[math["peak_heldout"].idxmin()]
+    hi = math.loc[math["peak_heldout"].idxmax()]
+    assert f"math peaks from {lo['peak_heldout']:.3f}" in bullet and f"to {hi['peak_heldout']:.3f}" in bullet
+    g = s["gain_heldout"]
+    assert f"peak − base {g.min():.3f}–{g.max():.3f}, median {f(g.median())}" in bullet, bullet

@@ -66,6 +66,13 @@ EVAL_SEED_OFFSET = 1_000_003
 VAL_SEED_OFFSET = 2_000_003  # the validation evaluation's sampling stream: not the test evaluation's
 
 
+def _accuracy(episodes: list) -> dict:
+    """accuracy (mean episode reward), its binomial standard error and n_eval, as an evaluation logs them."""
+    n = len(episodes)
+    acc = sum(e.reward for e in episodes) / n
+    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
+
+
 class NaNLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
@@ -679,9 +686,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         cfg = self.cfg
         t0 = time.perf_counter()
         episodes = self._eval_episodes(self.eval_problems, cfg.seed + EVAL_SEED_OFFSET, base)
-        n = len(episodes)
-        acc = sum(e.reward for e in episodes) / n
-        values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
+        values = _accuracy(episodes)
+        acc, n = values["accuracy"], values["n_eval"]
         # Two fixed halves of the eval set (episodes follow eval_problems order): the analysis picks the peak
         # step on one half and reads it on the other (peak_confirmed), so the max over evals is not rewarded.
         half_a, half_b = [e.reward for e in episodes[0::2]], [e.reward for e in episodes[1::2]]
@@ -758,10 +764,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         n_eval, time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
         t0 = time.perf_counter()
         episodes = self._eval_episodes(self.val_problems, self.cfg.seed + VAL_SEED_OFFSET, base)
-        n = len(episodes)
-        acc = sum(e.reward for e in episodes) / n
-        values = {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n,
-                  "time_eval": time.perf_counter() - t0}  # fmt: skip
+        values = {**_accuracy(episodes), "time_eval": time.perf_counter() - t0}
+        acc, n = values["accuracy"], values["n_eval"]
         self.metric_rows += rows(self.cfg.factors, step, "val", "all", values)
         log.info("step %d validation accuracy %.3f (n=%d)", step, acc, n)
         return acc

@@ -1,0 +1,246 @@
+"""marlflow.distributed: the pure helpers on toy tensors, and the collectives with 2 real gloo processes on the
+CPU (started by torchrun, or with srun's environment variables set by hand), including a rank killed with
+SIGKILL and a rank that stops answering: the survivor must fail within seconds, not hang.
+
+This file is also the worker those processes run: `python tests/test_distributed.py MODE OUT_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from marlflow import distributed as D
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+
+
+# ------------------------------------------------------------------------------------------------ pure helpers
+
+
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [
+        ("gpu[03-05,9],cpu1", "gpu03"),
+        ("a,b", "a"),
+        ("node7", "node7"),
+        ("n[1,4]", "n1"),
+        ("x-[10-11]", "x-10"),
+    ],
+)
+def test_first_host(nodelist, host):
+    assert D.first_host(nodelist) == host
+
+
+def test_first_host_empty_is_an_error():
+    with pytest.raises(D.DistributedError, match="nodelist"):
+        D.first_host("")
+
+
+def test_slurm_port_is_the_same_for_every_rank_of_a_job_and_in_range():
+    assert D.slurm_port("123456") == D.slurm_port("123456") == D.PORT_BASE + 3456
+    assert D.slurm_port("123456") != D.slurm_port("123457")
+    assert D.PORT_BASE <= D.slurm_port("99999999") < D.PORT_BASE + D.PORT_SPAN
+
+
+def test_from_environ():
+    assert D.from_environ({}) == D.Env()
+    tr = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
+    assert D.from_environ(tr) == D.Env(1, 4, 1, "h0", 1234, "torchrun")
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+            "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242"}  # fmt: skip
+    assert D.from_environ(step) == D.Env(3, 4, 1, "gpu07", D.slurm_port("4242"), "slurm")
+    assert D.from_environ({**step, "MASTER_ADDR": "m", "MASTER_PORT": "99"}).master_port == 99
+    # A batch script has the job's task count and PROCID 0 but no step: it is not a rank (it launches them).
+    batch = {k: v for k, v in step.items() if k != "SLURM_STEP_ID"}
+    assert D.from_environ(batch) == D.Env()
+    assert D.from_environ({**tr, "WORLD_SIZE": "1", "RANK": "0"}) == D.Env()  # a world of one: no group
+    with pytest.raises(D.DistributedError, match="impossible"):
+        D.from_environ({**tr, "RANK": "4"})
+    with pytest.raises(D.DistributedError, match="RANK='x'"):
+        D.from_environ({**tr, "RANK": "x"})
+
+
+def test_backend_for():
+    assert D.backend_for("cuda") == "nccl" and D.backend_for("cpu") == "gloo"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shard_partitions_in_order_and_is_pure(world):
+    for n in range(0, 11):
+        items = [f"p{i}" for i in range(n)]
+        parts = [D.shard(items, r, world) for r in range(world)]
+        assert [x for p in parts for x in p] == items  # disjoint, complete, in order
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+        assert parts == [D.shard(list(items), r, world) for r in range(world)]  # same answer every time
+
+
+def test_shard_keeps_a_problems_group_on_one_rank():
+    problems = list(range(7))
+    episodes = [(p, g) for p in problems for g in range(4)]  # G = 4 rollouts of each problem
+    owner = {p: r for r in range(3) for p in D.shard(problems, r, 3)}
+    for r in range(3):
+        mine = set(D.shard(problems, r, 3))
+        assert {p for p, _ in episodes if owner[p] == r} == mine
+
+
+def test_shard_rejects_a_rank_outside_the_world():
+    with pytest.raises(ValueError, match="rank 2 of world 2"):
+        D.shard([1, 2], 2, 2)
+
+
+def test_single_process_collectives_are_the_identity():
+    g = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
+    assert torch.equal(D.all_reduce_mean(g * 4, 4), g)
+    a, b = D.all_reduce_sum([g, torch.ones(3)])
+    assert torch.equal(a, g) and torch.equal(b, torch.ones(3)) and a.data_ptr() != g.data_ptr()
+    assert D.gather({"x": 1}) == [{"x": 1}] and D.gather_shards([1, 2]) == [1, 2]
+    assert D.is_main() and D.world() == 1
+    with pytest.raises(ValueError, match="count 0"):
+        D.all_reduce_mean(torch.zeros(2), 0)
+
+
+def test_launch_argv():
+    argv = ["--config", "c.json", "--out", "r"]
+    assert D.launch_argv(1, argv, {}) is None
+    cmd = D.launch_argv(2, argv, {})
+    assert cmd[1:5] == ["--standalone", "--nproc-per-node=2", "-m", "marlflow.train"] and cmd[5:] == argv
+    cmd = D.launch_argv(4, argv, {"SLURM_JOB_ID": "7"}, device="cuda", threads=8)
+    assert cmd[:5] == ["srun", "--ntasks=4", "--kill-on-bad-exit=1", "--cpus-per-task=8", "--gpus-per-task=1"]
+    assert cmd[5:] == [sys.executable, "-m", "marlflow.train", *argv]
+    rank = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"}
+    assert D.launch_argv(2, argv, rank) is None  # already a rank: train
+    with pytest.raises(D.DistributedError, match="ranks 4"):
+        D.launch_argv(4, argv, rank)
+
+
+# ------------------------------------------------------------------------------------------------ 2 real ranks
+
+N_ITEMS, P = 5, 6  # 5 items over 2 ranks: an uneven split (3 + 2)
+
+
+def item_grad(i: int) -> torch.Tensor:
+    """A toy per-item gradient [P] with values that do not sum exactly in fp32 in every order."""
+    return torch.sin(torch.arange(P, dtype=torch.float32) * (i + 1) + 0.1 * i) * (1 + i) / 3
+
+
+def worker(mode: str, out: Path) -> int:
+    """One rank of a 2-rank run (see the tests below); writes OUT/rank-R.json."""
+    torch.set_num_threads(1)
+    timeout = float(os.environ.get("TEST_TIMEOUT_S", "60"))
+    env = D.init("cpu", timeout_s=timeout)
+    rec = {"rank": env.rank, "world": env.world, "source": env.source, "is_main": D.is_main()}
+    if mode == "collectives":
+        mine = D.shard(list(range(N_ITEMS)), env.rank, env.world)
+        local = sum((item_grad(i) for i in mine), torch.zeros(P))
+        mean = D.all_reduce_mean(local, len(mine))
+        alone = torch.stack([item_grad(i) for i in range(N_ITEMS)]).mean(0)  # the 1-rank gradient
+        rec["max_diff"] = float((mean - alone).abs().max())
+        # One item on 2 ranks: rank 1 holds none (count 0) and still takes part.
+        one = D.shard([3], env.rank, env.world)
+        rec["one_diff"] = float((D.all_reduce_mean(sum((item_grad(i) for i in one), torch.zeros(P)), len(one))
+                                 - item_grad(3)).abs().max())  # fmt: skip
+        s1, s2 = D.all_reduce_sum(
+            [torch.full((2, 2), env.rank + 1.0), torch.tensor([env.rank], dtype=torch.int64)]
+        )
+        rec["sums"] = [s1.tolist(), s2.tolist(), str(s2.dtype)]
+        rec["gathered"] = D.gather_shards([f"outcome-{i}" for i in mine])
+    elif mode in ("kill", "hang"):
+        D.barrier()
+        if env.rank == 1:
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(600)  # alive, never reaching the collective (the test kills it)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        try:
+            D.all_reduce_sum([torch.ones(4)])
+        except Exception as err:  # what a dead peer raises: the job must end, not hang
+            rec.update(error=f"{type(err).__name__}: {err}"[:300], waited_s=time.monotonic() - t0)
+            (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
+            return 3
+    (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
+    D.close()
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(**extra) -> dict:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"), **extra)
+    return env
+
+
+def _slurm_ranks(mode: str, out: Path, **extra) -> list[subprocess.Popen]:
+    """Two processes with the variables srun sets for a 2-task step on one node (rendezvous derived)."""
+    port, procs = _free_port(), []
+    for r in range(2):
+        env = _clean_env(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID=str(r), SLURM_NTASKS="2",
+                         SLURM_LOCALID=str(r), SLURM_STEP_NODELIST="localhost", MASTER_PORT=str(port), **extra)  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, str(HERE), mode, str(out)], env=env, cwd=ROOT,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    return procs
+
+
+def _read(out: Path, rank: int) -> dict:
+    return json.loads((out / f"rank-{rank}.json").read_text())
+
+
+def test_two_torchrun_ranks_all_reduce_to_the_one_rank_gradient_and_gather_in_order(tmp_path):
+    cmd = D.launch_argv(2, [], _clean_env())  # the launcher's own torchrun command, pointed at this worker
+    cmd = [*cmd[:3], str(HERE), "collectives", str(tmp_path)]
+    r = subprocess.run(cmd, env=_clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [_read(tmp_path, k) for k in (0, 1)]
+    assert [(x["rank"], x["world"], x["source"], x["is_main"]) for x in recs] == [
+        (0, 2, "torchrun", True), (1, 2, "torchrun", False)]  # fmt: skip
+    for x in recs:
+        assert x["max_diff"] < 1e-6 and x["one_diff"] < 1e-6
+        assert x["sums"] == [[[3.0, 3.0], [3.0, 3.0]], [1], "torch.int64"]
+        assert x["gathered"] == [f"outcome-{i}" for i in range(N_ITEMS)]
+
+
+def test_a_sigkilled_rank_ends_the_other_within_seconds(tmp_path):
+    procs = _slurm_ranks("kill", tmp_path, TEST_TIMEOUT_S="60")
+    t0 = time.monotonic()
+    codes = [p.wait(timeout=60) for p in procs]
+    elapsed = time.monotonic() - t0
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] == 3, procs[0].stderr.read()[-3000:]  # the survivor raised in the collective
+    rec = _read(tmp_path, 0)
+    assert rec["source"] == "slurm" and rec["waited_s"] < 30, rec  # a closed connection, well before 60 s
+    assert elapsed < 45
+
+
+def test_a_stuck_rank_ends_the_other_at_the_collective_timeout(tmp_path):
+    procs = _slurm_ranks("hang", tmp_path, TEST_TIMEOUT_S="3")
+    try:
+        code = procs[0].wait(timeout=60)
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert code == 3, procs[0].stderr.read()[-3000:]
+    rec = _read(tmp_path, 0)
+    assert 2.5 <= rec["waited_s"] < 20, rec  # the 3 s timeout, not the 600 s the stuck rank sleeps
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1], Path(sys.argv[2])))

@@ -14,10 +14,11 @@ projection_shares, cosine, slot_amplification, mean_pairwise_cosine, clip_coef, 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import torch
+
+from marlflow.workflows.spec import spec_of
 
 
 class GroupingError(AssertionError):
@@ -30,23 +31,6 @@ def group_ids(keys: Sequence[tuple]) -> tuple[torch.Tensor, list[tuple]]:
     for k in keys:
         index.append(seen.setdefault(k, len(seen)))
     return torch.tensor(index, dtype=torch.long), list(seen)
-
-
-# workflow -> slots whose prompt depends only on the problem (identical across the G rollouts)
-FIRST_STAGE = {
-    "single": re.compile(r"generator0"),
-    "eval_opt": re.compile(r"generator0"),
-    "voting": re.compile(r"generator\d+"),
-    "orch_workers": re.compile(r"orchestrator0"),
-}
-# workflow -> slots every episode has (so their groups hold exactly G calls); other slots (Eval-Opt's later
-# rounds, Orch-Workers' workers beyond the first) exist only in the episodes that reach them.
-MANDATORY = {
-    "single": re.compile(r"generator0"),
-    "eval_opt": re.compile(r"generator0|evaluator0"),
-    "voting": re.compile(r"generator\d+|aggregator0"),
-    "orch_workers": re.compile(r"orchestrator0|worker0|synthesizer0"),
-}
 
 
 def check_groups(
@@ -66,8 +50,10 @@ def check_groups(
     mandatory slots, and identical prompt token ids for its first-stage slots.
 
     index: (N,) long group ids; problems, roles, tasks, slots: N strings; rollouts: N ints; prompt_ids: N
-    token id lists; group_size: G; workflow: a key of FIRST_STAGE / MANDATORY.
+    token id lists; group_size: G; workflow: a workflow name, whose spec (marlflow.workflows.spec) says
+    which slots are mandatory (every episode has them) and first-stage (prompt from the problem alone).
     """
+    spec = spec_of(workflow) if workflow is not None and slots is not None else None
     members: dict[int, list[int]] = {}
     for i, g in enumerate(index.tolist()):
         members.setdefault(g, []).append(i)
@@ -94,13 +80,13 @@ def check_groups(
                 raise GroupingError(
                     f"GRPO group {g} ({first[0]}, {slot}) has rollout ids {seen} outside 0..G-1"
                 )
-        mandatory = workflow in MANDATORY and slots is not None and MANDATORY[workflow].fullmatch(slot)
+        mandatory = spec is not None and spec.is_mandatory(slot)
         if group_size is not None and mandatory and len(idx) != group_size:
             raise GroupingError(
                 f"GRPO group {g} ({first[0]}, {slot}) holds {len(idx)} calls; every episode has slot "
                 f"{slot}, so it must hold exactly G={group_size}, one per rollout"
             )
-        first_stage = workflow in FIRST_STAGE and slots is not None and FIRST_STAGE[workflow].fullmatch(slot)
+        first_stage = spec is not None and spec.is_first_stage(slot)
         if prompt_ids is not None and first_stage:
             ref = list(prompt_ids[idx[0]])
             for i in idx[1:]:

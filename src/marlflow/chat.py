@@ -19,19 +19,15 @@ import sys
 
 from marlflow.config import ConfigError
 from marlflow.runs import RunError, find_checkpoint, load_policy_model, load_run
-from marlflow.workflows import prompts
-
-# Roles whose workflow prompt needs only the problem text.
-PROBLEM_PROMPTS = {
-    "generator": lambda cfg, kind, text: prompts.solve(kind, text),
-    "orchestrator": lambda cfg, kind, text: prompts.orchestrate(kind, text, cfg.n_workers),
-}
+from marlflow.workflows.spec import spec_of
 
 
 def messages_for(cfg, role: str, line: str, raw: bool = False) -> list[dict]:
-    """The chat messages role `role` gets for one input line."""
-    if not raw and role in PROBLEM_PROMPTS:
-        return PROBLEM_PROMPTS[role](cfg, cfg.task_axis, line)
+    """The chat messages role `role` gets for one input line (the roles whose prompt needs only the problem
+    text: the workflow's WorkflowSpec.problem_prompts)."""
+    build = spec_of(cfg.workflow).problem_prompts.get(role)
+    if not raw and build is not None:
+        return build(cfg, cfg.task_axis, line)
     return [{"role": "user", "content": line}]
 
 

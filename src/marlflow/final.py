@@ -30,43 +30,23 @@ import pandas as pd
 from marlflow.config import RunConfig
 from marlflow.metrics import atomic_write_text
 from marlflow.runs import adapter_dir, base_model_id, find_checkpoint, set_base_model
-from marlflow.workflows import prompts
-
-WORKFLOW_TEXT = {
-    "single": "one generator answers (single-agent baseline)",
-    "eval_opt": "a generator solves, an evaluator judges `\\boxed{Correct}`/`\\boxed{Incorrect}`, the generator "
-    "refines until Correct or out of rounds; the last generator output is the answer",
-    "voting": "several generators solve the same prompt, an aggregator picks one with `\\boxed{N}`; the picked "
-    "solution is the answer",
-    "orch_workers": "an orchestrator proposes `STRATEGY k:` lines, one worker solves with each, a synthesizer "
-    "compares them and gives the answer",
-}
+from marlflow.tasks import get_task
+from marlflow.tasks.solution_metrics import metric_names as solution_metric_names
+from marlflow.workflows.spec import spec_of
 
 
 def role_prompts(cfg: RunConfig) -> dict[str, list[str]]:
-    """Each role type's prompt(s) as the workflow writes them, with placeholders in braces."""
-    k, p = cfg.task_axis, "{problem}"
-    sols = [f"{{solution {i}}}" for i in range(1, cfg.n_votes + 1)]
-    solve = prompts.solve(k, p)
-    history = [*solve, {"role": "assistant", "content": "{solution}"}]
-    table = {
-        "generator": [solve[-1]["content"]],
-        "evaluator": [prompts.evaluate(k, p, history)[-1]["content"]],
-        "aggregator": [prompts.aggregate(k, p, sols)[-1]["content"]],
-        "orchestrator": [prompts.orchestrate(k, p, cfg.n_workers)[-1]["content"]],
-        "worker": [prompts.work(k, p, "{strategy}")[-1]["content"]],
-        "synthesizer": [prompts.synthesize(k, p, [f"{{solution {i}}}" for i in range(1, cfg.n_workers + 1)])[-1]["content"]],
-    }  # fmt: skip
-    if cfg.workflow == "eval_opt":
-        table["generator"].append(prompts.refine(k, [*history, {"role": "assistant", "content": "{critique}"}])[-1]["content"])  # fmt: skip
-    return {r: table[r] for r in cfg.role_types}
+    """Each role type's prompt(s) as the workflow writes them, with placeholders in braces (its WorkflowSpec)."""
+    templates = spec_of(cfg.workflow).prompt_templates(cfg)
+    return {r: templates[r] for r in cfg.role_types}
 
 
-def eval_curve(metrics: pd.DataFrame) -> pd.DataFrame:
-    """step, accuracy, accuracy_se (and careless_share where logged) of the workflow's evaluations."""
+def eval_curve(metrics: pd.DataFrame, extra: tuple[str, ...] = ()) -> pd.DataFrame:
+    """step, accuracy, accuracy_se, n_eval (and the metrics `extra` names, where logged) of the workflow's
+    evaluations."""
     ev = metrics[(metrics.split == "eval") & (metrics.role == "all")]
     wide = ev.pivot_table(index="step", columns="metric", values="value", aggfunc="last")
-    cols = [c for c in ("accuracy", "accuracy_se", "n_eval", "careless_share") if c in wide.columns]
+    cols = [c for c in ("accuracy", "accuracy_se", "n_eval", *extra) if c in wide.columns]
     return wide[cols].reset_index()
 
 
@@ -100,7 +80,7 @@ def model_card(
         "| | |",
         "|---|---|",
         f"| base model | `{base}` |",
-        f"| workflow | {cfg.workflow}: {WORKFLOW_TEXT[cfg.workflow]} |",
+        f"| workflow | {cfg.workflow}: {spec_of(cfg.workflow).description} |",
         f"| sharing | {cfg.sharing.upper()}: "
         + (
             "one adapter, `shared`, trained by every role |"
@@ -131,7 +111,8 @@ def model_card(
             lines += [f"**{role}** (adapter `{cfg.policy_of(role)}`):", "", "```text", text, "```", ""]
     lines += ["## Evaluation curve", ""]
     if metrics is not None and len(metrics):
-        curve = eval_curve(metrics)
+        # the task's own metrics of its solutions (toy tasks: careless_share), marlflow.tasks.solution_metrics
+        curve = eval_curve(metrics, solution_metric_names(get_task(cfg.task.name)))
         lines += [
             f"Workflow accuracy on the first {cfg.task.eval_size} test problems of {cfg.task.name}, one episode "
             "per problem; accuracy_se = sqrt(p(1-p)/n).",

@@ -46,21 +46,13 @@ restored weights.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import torch
 
 from marlflow import algos
 from marlflow.analysis import stats
-
-# Slots of one role that run in parallel on the same input (the amplification the paper measures under IP).
-# Eval-Opt's generator rounds are sequential refinements, not parallel copies, so they are not normalised.
-PARALLEL = {
-    "voting": {"generator": re.compile(r"generator\d+")},
-    "orch_workers": {"worker": re.compile(r"worker\d+")},
-}
-
+from marlflow.workflows.spec import spec_of
 
 # ---------------------------------------------------------------- KL (loss side)
 
@@ -102,11 +94,11 @@ def coherence_scale(g: torch.Tensor, ema: torch.Tensor | None, lam: float) -> fl
 
 def parallel_slots(workflow: str, role: str, slots: list[str]) -> int:
     """How many of `slots` (the slots of `role` that ran this step) are parallel same-role calls; 1 if the
-    role has none (so its scale stays 1)."""
-    pat = PARALLEL.get(workflow, {}).get(role)
-    if pat is None:
-        return 1
-    return max(1, sum(bool(pat.fullmatch(s)) for s in slots))
+    role has none (so its scale stays 1). Which slots run in parallel on the same input is the workflow's
+    spec (parallel_role, parallel_slots: the amplification the paper measures under IP); Eval-Opt's generator
+    rounds are sequential refinements, not parallel copies, so they are not normalised."""
+    spec = spec_of(workflow)
+    return max(1, sum(spec.is_parallel_slot(role, s) for s in slots))
 
 
 def same_role_scale(workflow: str, role: str, slots: list[str]) -> float:

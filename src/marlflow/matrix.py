@@ -1,7 +1,8 @@
 """matrix.yaml -> run sheet: one row per training run, validated up front.
 
 The experiment design lives in `matrix.yaml` as presets (toy, smol, paper, ...). A preset lists the axes
-(workflow x sharing x scale x task x seed x intervention), maps each task and scale to a dataset and a model,
+(workflow x sharing x scale x task x seed x build x intervention), maps each task and scale to a dataset and a
+model,
 and sets GRPO and run-level settings, with optional per-cell `overrides`. Expanding a preset builds one
 `RunConfig` per cell, so every invalid value fails here, before Snakemake schedules anything, with one
 paragraph that names the key path and the fix.
@@ -25,6 +26,12 @@ Every failure is a MatrixError: one paragraph of at most MAX_MESSAGE characters,
 Interventions (marlflow.interventions) are axis values too: `intervention: [none, coh]` with the name `coh`
 defined in the preset's `interventions:` block (`coh: {kind: coherence, lam: 0.3, window: 128}`); the
 run id gets `-coh` and the run config carries the definition as `intervention_spec`.
+
+`build` is the toy model's build seed (toy scale only; default [0], the shipped model): build b > 0 trains from
+a toy model built here with `--seed b` into `<models.toy>-b<b>` (results/models/toy-b1, ...), and the run id
+gets `-b<b>` after the seed. The seed axis varies training and evaluation sampling around one model; the
+build axis varies the model itself (its weights also depend on the CPU: docs/results.md), so CIs over both
+cover model-build variance.
     RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
 """
 
@@ -49,6 +56,7 @@ import yaml
 
 from marlflow import config as C
 from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+from marlflow.workflows.spec import spec_of, workflow_names
 
 MAX_FILE_BYTES = 1_000_000  # matrix.yaml is ~7 KB
 MAX_DEPTH = 32  # nesting of mappings/lists; matrix.yaml needs 6
@@ -56,13 +64,15 @@ MAX_NODES = 100_000  # values after alias expansion
 MAX_RUNS = 100_000  # cells a preset may expand to
 MAX_MESSAGE = 2000  # characters of one error message
 
-AXES = ("workflow", "sharing", "scale", "task", "seed", "intervention")
+AXES = ("workflow", "sharing", "scale", "task", "seed", "build", "intervention")
+INT_AXES = ("seed", "build")
 # Plural spellings accepted as overrides, e.g. `snakemake --config workflows=[voting] tasks=[math]`.
 ALIASES = {
     "workflows": "workflow",
     "scales": "scale",
     "tasks": "task",
     "seeds": "seed",
+    "builds": "build",
     "interventions": "intervention",
 }
 SHEET_COLUMNS = [*AXES, "preset", "model", "config"]
@@ -74,6 +84,7 @@ NOT_RUN_LEVEL = {
     "scale",
     "task_axis",
     "seed",
+    "build",
     "task",
     "model",
     "intervention",
@@ -115,7 +126,7 @@ def schema() -> dict:
     s = json.loads(resources.files("marlflow").joinpath("matrix_schema.json").read_text())
     d = s["$defs"]
     for name, values in [
-        ("workflow", C.WORKFLOWS),
+        ("workflow", workflow_names()),
         ("sharing", C.SHARINGS),
         ("scale", C.SCALES),
         ("task_axis", C.TASK_AXIS),
@@ -464,6 +475,7 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
         if axis not in out["axes"]:
             _fail(f"{name}: presets.{preset}.axes.{axis}", "is missing; list the values to run.")
     out["axes"].setdefault("seed", [0])
+    out["axes"].setdefault("build", [0])
     out["axes"].setdefault("intervention", ["none"])
     defined = out.setdefault("interventions", {})
     if "none" in defined:
@@ -511,7 +523,7 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
     interventions: the intervention names the preset defines ("none" included)."""
     axes = dict(axes)
     allowed = {
-        "workflow": C.WORKFLOWS,
+        "workflow": workflow_names(),
         "sharing": C.SHARINGS,
         "scale": C.SCALES,
         "task": C.TASK_AXIS,
@@ -528,7 +540,7 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
         vals = list(val) if isinstance(val, list | tuple) else [val]
         if not vals:
             _fail(f"override {key}", "is empty; list at least one value.")
-        if axis == "seed":
+        if axis in INT_AXES:
             try:
                 vals = [int(v) for v in vals]
                 if not all(0 <= v <= C.MAX_SEED for v in vals):
@@ -536,7 +548,7 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
             except (TypeError, ValueError, OverflowError):
                 _fail(
                     f"override {key}",
-                    f"is {_short(val)}; seeds must be integers in 0..{C.MAX_SEED}, e.g. seeds=[0,1,2].",
+                    f"is {_short(val)}; {axis}s must be integers in 0..{C.MAX_SEED}, e.g. {axis}s=[0,1,2].",
                 )
         else:
             vals = [str(v) for v in vals]
@@ -588,10 +600,10 @@ def _matches(when: dict, cell: dict) -> bool:
 
 
 def run_id(workflow: str, sharing: str, scale: str, task: str, seed: int, intervention: str = "none",
-           tag: str = "") -> str:  # fmt: skip
-    """`{workflow}-{sharing}-{scale}-{task}-s{seed}`, then `-{tag}` (the preset's `tag:`) and `-{intervention}`
-    unless empty / none. The run's folder is results/runs/<run id>."""
-    rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}" + (f"-{tag}" if tag else "")
+           tag: str = "", build: int = 0) -> str:  # fmt: skip
+    """`{workflow}-{sharing}-{scale}-{task}-s{seed}`, then `-b{build}` unless 0, `-{tag}` (the preset's `tag:`)
+    and `-{intervention}` unless empty / none. The run's folder is results/runs/<run id>."""
+    rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}" + (f"-b{build}" if build else "") + (f"-{tag}" if tag else "")
     return (rid if intervention == "none" else f"{rid}-{intervention}").lower()
 
 
@@ -649,6 +661,11 @@ def _selected(path_or_dict, preset: str | None, overrides: dict | None):
     return doc, name, preset, p, _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
 
 
+def model_of(model: str, build: int) -> str:
+    """The model a run of toy build `build` trains from: the preset's model, or `<model>-b<build>` for b > 0."""
+    return f"{model}-b{build}" if build else model
+
+
 def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> pd.DataFrame:
     """Expand one preset into a DataFrame indexed by run_id (columns: SHEET_COLUMNS).
 
@@ -665,10 +682,16 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
                     f"{v!r} has no entry in presets.{preset}.{table}; pick another preset.",
                 )
     rows = []
-    for wf, sh, sc, tk, seed, iv in itertools.product(*(axes[a] for a in AXES)):
-        if wf == "single" and sh == "ip":
-            continue  # single has one role, hence one policy: it only exists under sp
-        cell = dict(workflow=wf, sharing=sh, scale=sc, task=tk, seed=seed, intervention=iv)
+    for wf, sh, sc, tk, seed, build, iv in itertools.product(*(axes[a] for a in AXES)):
+        if sh == "ip" and len(spec_of(wf).role_types) == 1:
+            continue  # one role type (single), hence one policy: it only exists under sp
+        if build and sc != "toy":
+            _fail(
+                f"{name}: presets.{preset}.axes.build",
+                f"is {build} for scale {sc}, but only the toy model is built from a seed (scale {sc}'s model is "
+                "fixed); keep build [0] for it, or restrict the build axis to a toy-only preset.",
+            )
+        cell = dict(workflow=wf, sharing=sh, scale=sc, task=tk, seed=seed, build=build, intervention=iv)
         if any(_matches(w, cell) for w in p.get("exclude", [])):
             continue  # a slice of the grid (e.g. CI's paper_micro_ci)
         grpo, run = dict(p["grpo"]), dict(p.get("run", {}))
@@ -676,7 +699,7 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
             if _matches(o["when"], cell):
                 grpo.update(o.get("grpo", {}))
                 run = _merge(run, o.get("run", {}))
-        rid = run_id(wf, sh, sc, tk, seed, iv, p.get("tag", ""))
+        rid = run_id(wf, sh, sc, tk, seed, iv, p.get("tag", ""), build)
         try:
             cfg = RunConfig(
                 run_id=rid,
@@ -685,11 +708,12 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
                 scale=sc,
                 task_axis=tk,
                 seed=seed,
+                build=build,
                 intervention=iv,
                 intervention_spec=dict(p["interventions"][iv]) if iv != "none" else {"kind": "none"},
                 preset=preset,
                 task=TaskSpec(**p["tasks"][tk]),
-                model=p["models"][sc],
+                model=model_of(p["models"][sc], build),
                 grpo=GRPOParams(**grpo),
                 **run,
             )
@@ -728,13 +752,11 @@ def work_estimate(config_json: str) -> int:
     """Completion tokens a run generates at most (training rollouts and evaluations): the train rule's
     Snakemake priority, so the longest runs start first and the matrix does not end on one long job.
 
-    Role calls per episode are upper bounds: Eval-Opt 2 per round (generator and evaluator), Voting
-    n_votes + 1, Orch-Workers n_workers + 2, single 1."""
+    Role calls per episode are upper bounds (WorkflowSpec.calls_per_episode: Eval-Opt 2 per round, Voting
+    n_votes + 1, Orch-Workers n_workers + 2, single 1)."""
     cfg = RunConfig.from_dict(json.loads(config_json))
     g = cfg.grpo
-    rounds = cfg.eval_opt_rounds or (3 if cfg.task_axis == "math" else 2)
-    calls = {"single": 1, "eval_opt": 2 * rounds, "voting": cfg.n_votes + 1,
-             "orch_workers": cfg.n_workers + 2}[cfg.workflow]  # fmt: skip
+    calls = spec_of(cfg.workflow).calls_per_episode(cfg, cfg.task_axis)
     evals = g.steps // g.eval_every + 1
     episodes = g.steps * g.problems_per_step * g.group_size + evals * (cfg.task.eval_size + cfg.task.val_size)
     return episodes * calls * g.max_completion_length

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from marlflow.algos import token_budget_chunks
 from marlflow.config import RunConfig
+from marlflow.workflows.spec import CallSpec, spec_of
 
 GB = 1e9
 KIB = 1024
@@ -246,54 +247,11 @@ TEMPLATE_TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n ... <|im_end|>\n
 GENERATION_PROMPT_TOKENS = 7  # <|im_start|>assistant\n<think>\n\n</think>\n\n (enable_thinking=False)
 
 
-@dataclass(frozen=True)
-class CallSpec:
-    """One role call of an episode: its slot and role, its prompt messages with every answer and the question
-    left empty, and what is carried in: `answers` (slots whose completions appear in the prompt) and
-    `strategy_of` (the orchestrator's output, split over the workers)."""
-
-    slot: str
-    role: str
-    messages: tuple
-    answers: tuple = ()
-    strategy: bool = False
-
-
 def episode_calls(cfg: RunConfig, kind: str) -> list[list[CallSpec]]:
-    """The role calls of one episode as stages (one stage = one batched generate), from the workflows'
-    own prompt builders (marlflow.workflows.prompts). Eval-Opt runs every round (the upper bound: an episode
-    stops early when its evaluator says Correct)."""
-    from marlflow.workflows import prompts
-
-    wf = cfg.workflow
-    if wf == "single":
-        return [[CallSpec("generator0", "generator", tuple(prompts.solve(kind, "")))]]
-    if wf == "voting":
-        n = cfg.n_votes
-        gens = [CallSpec(f"generator{k}", "generator", tuple(prompts.solve(kind, ""))) for k in range(n)]
-        agg = CallSpec("aggregator0", "aggregator", tuple(prompts.aggregate(kind, "", [""] * n)),
-                       answers=tuple(f"generator{k}" for k in range(n)))  # fmt: skip
-        return [gens, [agg]]
-    if wf == "orch_workers":
-        n = cfg.n_workers
-        orch = CallSpec("orchestrator0", "orchestrator", tuple(prompts.orchestrate(kind, "", n)))
-        workers = [CallSpec(f"worker{k}", "worker", tuple(prompts.work(kind, "", "")), strategy=True)
-                   for k in range(n)]  # fmt: skip
-        synth = CallSpec("synthesizer0", "synthesizer", tuple(prompts.synthesize(kind, "", [""] * n)),
-                         answers=tuple(f"worker{k}" for k in range(n)))  # fmt: skip
-        return [[orch], workers, [synth]]
-    rounds = cfg.eval_opt_rounds or (3 if kind == "math" else 2)
-    history, carried, stages = list(prompts.solve(kind, "")), [], []
-    for k in range(rounds):
-        gen = CallSpec(f"generator{k}", "generator", tuple(history), answers=tuple(carried))
-        history = [*history, {"role": "assistant", "content": ""}]
-        carried = [*carried, f"generator{k}"]
-        ev_msgs = prompts.evaluate(kind, "", history)
-        ev = CallSpec(f"evaluator{k}", "evaluator", tuple(ev_msgs), answers=tuple(carried))
-        stages += [[gen], [ev]]
-        history = prompts.refine(kind, [*history, ev_msgs[-1], {"role": "assistant", "content": ""}])
-        carried = [*carried, f"evaluator{k}"]
-    return stages
+    """The role calls of one episode as stages (one stage = one batched generate), from the workflow's spec
+    (WorkflowSpec.stages, built with its own prompt builders). Eval-Opt runs every round (the upper bound: an
+    episode stops early when its evaluator says Correct)."""
+    return spec_of(cfg.workflow).stages(cfg, kind)
 
 
 def _estimate_template(messages) -> int:

@@ -45,16 +45,18 @@ from trl.trainer.utils import pad
 
 from marlflow import algos, checkpoint, preempt
 from marlflow import interventions as itv
-from marlflow.analysis.definitions import SUPERVISOR, solution_marker
+from marlflow.analysis.definitions import solution_marker
 from marlflow.base_eval import SharedBaseEval
 from marlflow.fastgen import use_gqa_sdpa
 from marlflow.generation import ChatEncoder, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.sampling import Sampling, distinct_rows
+from marlflow.tasks.solution_metrics import solution_metrics
 from marlflow.tasks.splits import run_splits
 from marlflow.trackers import Trackers
 from marlflow.workflows import Context, RolloutStopped, rollout
 from marlflow.workflows import eval_metrics as workflow_eval_metrics
+from marlflow.workflows.spec import spec_of
 
 log = logging.getLogger("marlflow.trainer")
 
@@ -698,16 +700,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             n_eval_b=len(half_b),
         )
         values.update(workflow_eval_metrics(cfg.workflow, episodes, self.task))
-        if hasattr(self.task, "careless"):  # toy tasks: how often solvers use the style RL should drop
-            solved = [c.text for e in episodes for c in e.calls if c.role in ("generator", "worker")]
-            values["careless_share"] = float(np.mean([self.task.careless(t) for t in solved]))
+        # the task's own metrics of its solvers' outputs (toy tasks: careless_share)
+        solved = [c.text for e in episodes for c in e.calls if c.role in spec_of(cfg.workflow).solver_roles]
+        values.update(solution_metrics(self.task, solved))
         values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
         self.metric_rows += rows(cfg.factors, step, "eval", "all", values)
         by_role = defaultdict(list)
         for e in episodes:
             for c in e.calls:
                 by_role[c.role].append(c)
-        supervisor = SUPERVISOR.get(cfg.workflow, (None,))[0]
+        supervisor = (spec_of(cfg.workflow).supervisor or (None,))[0]
         for role, cs in by_role.items():
             lengths = [len(c.completion_ids) for c in cs]
             role_values = {

@@ -2,10 +2,11 @@
 
     claims = claims_table(summary, grads)   # CLAIM_COLUMNS, one row per claim C1..C7
 
-Most statistics are computed once per seed (on the runs of that seed; seeds are independent replications of
-the whole matrix), then averaged with a t-interval over seeds (stats.mean_ci). The rate differences of 0/1
-flags (C4: paired SP/IP cells; C5: two groups of runs) pool every seed's runs instead, with Newcombe's score
-interval for a difference of proportions (stats.rate_diff_ci). Only runs without an intervention count.
+Most statistics are computed once per replicate (a seed, or a (seed, build) pair when the runs carry the toy
+build column: seeds.replicate_keys; replicates are independent replications of the whole matrix), then
+averaged with a t-interval over replicates (stats.mean_ci; n_seeds counts replicates). The rate differences of
+0/1 flags (C4: paired SP/IP cells; C5: two groups of runs) pool every replicate's runs instead, with Newcombe's
+score interval for a difference of proportions (stats.rate_diff_ci). Only runs without an intervention count.
 
 Verdict rule (VERDICT_RULE, docs/claims.md section 2): a claim gets a verdict only if its statistic has been
 validated to measure it (VALIDATED, with how); the others are "descriptive". The intervals of the validated
@@ -15,7 +16,7 @@ CI lies on the claimed side of the null value, contradicted if on the other side
 with fewer than 2 seeds, or with a zero-width interval (e.g. a share of 1 in every seed: no variance is not
 certainty). `scope` says when every run is of a designed environment (toy, smol), which the verdicts then
 describe. Peaks and gains use the held-out peak (selected on validation, read on test) when every run
-involved has it, else the cross-fitted peak_confirmed, else peak.
+involved has it, else the cross-fitted peak_confirmed (tables.PEAK_ESTIMATES); never the in-sample `peak`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.definitions import CI_LEVEL, PARALLEL_ROLE
+from marlflow.analysis.definitions import CI_LEVEL, parallel_role
+from marlflow.analysis.seeds import n_replicates, replicate_keys
 from marlflow.analysis.stats import mean_ci, rate_diff_ci
+from marlflow.analysis.tables import PEAK_ESTIMATES
+from marlflow.workflows.spec import baseline
 
 CLAIM_COLUMNS = ["claim", "text", "statistic", "value", "ci_lo", "ci_hi", "null", "direction", "n_seeds",
                  "n_cells", "verdict", "rule", "ci_level", "scope"]  # fmt: skip
@@ -45,7 +49,18 @@ VERDICT_RULE = (f"validated claims only (others: descriptive); intervals Bonferr
                 f"{len(VALIDATED)} validated claims (each at {1 - FAMILY_ALPHA / len(VALIDATED):.4g}); supported "
                 "if the corrected CI lies entirely above the null (below, for direction <), contradicted if "
                 "entirely on the other side; otherwise, with < 2 seeds or a zero-width CI, inconclusive")  # fmt: skip
-MA = ("eval_opt", "voting", "orch_workers")
+
+
+def _ma(df: pd.DataFrame) -> pd.Series:
+    """Rows of multi-agent workflows: every workflow but the single-agent baseline (WorkflowSpec.baseline)."""
+    return df["workflow"].ne(baseline())
+
+
+def _parallel(df: pd.DataFrame) -> pd.Series:
+    """Rows of workflows with parallel same-role calls (WorkflowSpec.parallel_role: Voting, Orch-Workers)."""
+    return df["workflow"].map(lambda w: parallel_role(w) is not None).astype(bool)
+
+
 CELL3 = ["workflow", "scale", "task"]
 
 
@@ -58,11 +73,11 @@ def _first_complete(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
 
 
 def _gain(runs: pd.DataFrame) -> pd.Series:
-    return _first_complete(runs, ["gain_heldout", "gain_confirmed", "gain_peak"])
+    return _first_complete(runs, [gain for gain, _ in PEAK_ESTIMATES.values()])
 
 
 def _peak(runs: pd.DataFrame) -> pd.Series:
-    return _first_complete(runs, ["peak_heldout", "peak_confirmed", "peak"])
+    return _first_complete(runs, list(PEAK_ESTIMATES))
 
 
 def _epsilon2(y: np.ndarray, groups: list) -> float:
@@ -83,12 +98,12 @@ def _epsilon2(y: np.ndarray, groups: list) -> float:
 
 
 def c1(runs, grads):
-    ma = runs[runs["workflow"].isin(MA)]
+    ma = runs[_ma(runs)]
     return float((~ma["stagnation"].astype(bool)).mean()) if len(ma) else math.nan, len(ma)
 
 
 def c2(runs, grads):
-    ma = runs[runs["workflow"].isin(MA)]
+    ma = runs[_ma(runs)]
     if ma.empty:
         return math.nan, 0
     y = _gain(ma).to_numpy()
@@ -97,7 +112,7 @@ def c2(runs, grads):
 
 
 def _sp_ip_pairs(runs):
-    ma = runs[runs["workflow"].isin(MA)]
+    ma = runs[_ma(runs)]
     return ma[ma["sharing"] == "sp"].merge(ma[ma["sharing"] == "ip"], on=CELL3, suffixes=("_sp", "_ip"))
 
 
@@ -114,26 +129,28 @@ def c3(runs, grads):
 
 
 def c4(runs, grads, level):
-    """Pooled over seeds: IP - SP cliff rate over (workflow, task, scale, seed) pairs, paired interval."""
-    p = runs[runs["workflow"].isin(MA)]
-    p = p[p["sharing"] == "sp"].merge(p[p["sharing"] == "ip"], on=[*CELL3, "seed"], suffixes=("_sp", "_ip"))
+    """Pooled over replicates: IP - SP cliff rate over (workflow, task, scale, replicate) pairs, paired
+    interval."""
+    p = runs[_ma(runs)]
+    on = [*CELL3, *replicate_keys(p)]
+    p = p[p["sharing"] == "sp"].merge(p[p["sharing"] == "ip"], on=on, suffixes=("_sp", "_ip"))
     m, lo, hi, n = rate_diff_ci(p["cliff_ip"].astype(float), p["cliff_sp"].astype(float), level, paired=True)
     return m, lo, hi, n
 
 
 def c5(runs, grads, level):
     """Pooled over seeds: IP cliff rate in voting / orch_workers minus in eval_opt, independent groups."""
-    ip = runs[(runs["sharing"] == "ip") & runs["workflow"].isin(MA)]
-    par = ip[ip["workflow"].isin(PARALLEL_ROLE)]["cliff"].astype(float)
-    other = ip[~ip["workflow"].isin(PARALLEL_ROLE)]["cliff"].astype(float)
+    ip = runs[(runs["sharing"] == "ip") & _ma(runs)]
+    par = ip[_parallel(ip)]["cliff"].astype(float)
+    other = ip[~_parallel(ip)]["cliff"].astype(float)
     return rate_diff_ci(par, other, level)
 
 
 def c6(runs, grads):
-    g = grads[(grads["sharing"] == "ip") & grads["workflow"].isin(MA)]
+    g = grads[(grads["sharing"] == "ip") & _ma(grads)]
     g = g[g["run_id"].isin(runs["run_id"])].dropna(subset=["slot_amplification_mean"])
-    par = g[g.apply(lambda r: PARALLEL_ROLE.get(r["workflow"]) == r["role"], axis=1)] if len(g) else g
-    other = g[~g["workflow"].isin(PARALLEL_ROLE)]
+    par = g[g.apply(lambda r: parallel_role(r["workflow"]) == r["role"], axis=1)] if len(g) else g
+    other = g[~_parallel(g)]
     if par.empty or other.empty:
         return math.nan, int(g["run_id"].nunique()) if len(g) else 0
     diff = par["slot_amplification_mean"].mean() - other["slot_amplification_mean"].mean()
@@ -141,7 +158,7 @@ def c6(runs, grads):
 
 
 def c7(runs, grads):
-    g = grads[(grads["sharing"] == "sp") & grads["workflow"].isin(MA) & grads["dominant"].astype(bool)]
+    g = grads[(grads["sharing"] == "sp") & _ma(grads) & grads["dominant"].astype(bool)]
     g = g[g["run_id"].isin(runs["run_id"])].dropna(subset=["drift_corr"])
     return (float(g["drift_corr"].mean()) if len(g) else math.nan), int(len(g))
 
@@ -154,9 +171,9 @@ CLAIMS: list[tuple[str, str, str, Callable, float, str]] = [
      "epsilon^2 of the gain by (workflow, task, scale) minus epsilon^2 by sharing, multi-agent runs", c2, 0.0,
      ">"),
     ("C3", "IP reaches a higher peak than SP",
-     "mean over (workflow, task, scale) of peak IP - peak SP (peak_heldout, else peak_confirmed, else peak)", c3, 0.0, ">"),
+     "mean over (workflow, task, scale) of peak IP - peak SP (peak_heldout, else peak_confirmed)", c3, 0.0, ">"),
     ("C4", "IP falls off terminal cliffs more often than SP",
-     "cliff rate IP - SP over (workflow, task, scale, seed) pairs (0/1, pooled over seeds)", c4, 0.0, ">"),
+     "cliff rate IP - SP over (workflow, task, scale, replicate) pairs (0/1, pooled over replicates)", c4, 0.0, ">"),
     ("C5", "IP cliffs concentrate in Voting and Orch-Workers",
      "IP cliff rate in voting and orch_workers minus IP cliff rate in eval_opt (pooled over seeds)", c5, 0.0,
      ">"),
@@ -188,7 +205,7 @@ def claims_table(summary: pd.DataFrame, grads: pd.DataFrame) -> pd.DataFrame:
     level = 1 - FAMILY_ALPHA / len(VALIDATED)
     designed = len(runs) > 0 and set(runs["scale"]) <= set(DESIGNED)
     scope = f"designed environment ({', '.join(sorted(set(runs['scale'])))})" if designed else ""
-    n_seeds = int(runs["seed"].nunique()) if len(runs) else 0
+    n_seeds = n_replicates(runs)  # replicates: seeds, or (seed, build) pairs
     records = []
     for cid, text, stat, fn, null, direction in CLAIMS:
         if cid in POOLED:
@@ -198,7 +215,7 @@ def claims_table(summary: pd.DataFrame, grads: pd.DataFrame) -> pd.DataFrame:
                 lo = hi = math.nan
         else:
             per_seed, cells = [], 0
-            for _, r in runs.groupby("seed", sort=True):
+            for _, r in runs.groupby(replicate_keys(runs), sort=True):
                 value, n = fn(r, grads)
                 per_seed.append(value)
                 cells = max(cells, n)

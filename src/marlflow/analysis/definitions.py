@@ -19,6 +19,8 @@ import math
 import re
 from statistics import NormalDist
 
+from marlflow.workflows.spec import spec_of
+
 MIN_GAP = 0.05  # smallest accuracy difference (5 points) ever counted as real
 # One-sided level of the cliff, collapse and stagnation tests. The cliff and stagnation tests take the best
 # of several candidate peak evals, so each candidate is tested at ALPHA / (number of candidates) (union
@@ -43,23 +45,7 @@ MARKER_RISE = 0.2  # capture: share of its eval outputs with a solution marker r
 # probability <= ALPHA (union bound); simulated in tests/test_calibration.py.
 Z_CAPTURE = NormalDist().inv_cdf(1 - ALPHA / 3)  # 2.216
 
-# workflow -> (supervisory role that can be captured, producer role that captures it)
-SUPERVISOR = {
-    "voting": ("aggregator", "generator"),
-    "eval_opt": ("evaluator", "generator"),
-    "orch_workers": ("orchestrator", "worker"),
-}
-# workflow -> the \boxed{...} contents that are the supervisory role's own valid output (a pick, a verdict);
-# any other \boxed{...} content is a solution. None: every \boxed{} is a solution (orchestrators only plan).
-OWN_BOXED = {
-    "voting": re.compile(r"\s*\d+\s*"),
-    "eval_opt": re.compile(r"\s*(?:correct|incorrect)\s*", re.IGNORECASE),
-    "orch_workers": None,
-}
 CODE_FENCE = "```"
-
-# Same-role calls that run in parallel in one episode (their gradients' amplification is claim C6).
-PARALLEL_ROLE = {"voting": "generator", "orch_workers": "worker"}
 EMA_WINDOW = 128  # default window of the per-role gradient EMA (coherence = cosine to it)
 
 
@@ -83,16 +69,29 @@ def boxed_contents(text: str) -> list[str]:
     return out
 
 
+def supervisor(workflow: str) -> tuple[str, str] | None:
+    """(supervisory role that can be captured, producer role that captures it) of a workflow, from its
+    WorkflowSpec (marlflow.workflows.spec); None when no role supervises another (single)."""
+    return spec_of(workflow).supervisor
+
+
+def parallel_role(workflow: str) -> str | None:
+    """The role whose calls run in parallel in one episode (their gradients' amplification is claim C6), from
+    the workflow's spec; None when it has none."""
+    return spec_of(workflow).parallel_role
+
+
 def solution_marker(workflow: str, text: str) -> bool:
     """True if a supervisory role's output contains a solution: a code fence, or a \\boxed{...} whose
-    content is not the role's own valid answer (Eval-Opt's `\\boxed{Correct}` and Voting's `\\boxed{2}` are
-    not solutions). False for workflows without a supervisory role."""
-    if workflow not in SUPERVISOR:
+    content is not the role's own valid answer (the spec's own_boxed: Eval-Opt's `\\boxed{Correct}` and
+    Voting's `\\boxed{2}` are not solutions). False for workflows without a supervisory role."""
+    spec = spec_of(workflow)
+    if spec.supervisor is None:
         return False
     if CODE_FENCE in text:
         return True
-    own = OWN_BOXED[workflow]
-    return any(own is None or not own.fullmatch(c) for c in boxed_contents(text))
+    own = spec.own_boxed
+    return any(own is None or not re.fullmatch(own, c) for c in boxed_contents(text))
 
 
 DEFINITIONS = """\

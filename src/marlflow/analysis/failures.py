@@ -25,9 +25,9 @@ from marlflow.analysis.definitions import (
     LENGTH_GROWTH,
     MARKER_RISE,
     MIN_GAP,
-    SUPERVISOR,
     TOL,
     Z_CAPTURE,
+    supervisor,
 )
 
 ROLE_EVAL_METRICS = [
@@ -85,9 +85,9 @@ def _calls(row) -> float:
 def capture_from_metrics(role_evals: pd.DataFrame, workflow: str) -> list[str]:
     """Capture evidence from per-role eval metrics of one run (wide table: step, role, ROLE_EVAL_METRICS);
     empty list if no rule fires. Rules and their calibration: definitions.DEFINITIONS, "Capture"."""
-    if workflow not in SUPERVISOR:
+    if supervisor(workflow) is None:
         return []
-    sup, prod = SUPERVISOR[workflow]
+    sup, prod = supervisor(workflow)
     s = role_evals[role_evals["role"] == sup]
     out = []
     pair = _first_last_rows(s, "completion_length")

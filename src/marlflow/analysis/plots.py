@@ -48,6 +48,7 @@ from marlflow.analysis.tables import (  # noqa: E402
     order_key,
 )
 from marlflow.metrics import atomic_write_bytes  # noqa: E402
+from marlflow.workflows.spec import baseline  # noqa: E402
 
 SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
 SHARING_LABELS = {"sp": "SP", "ip": "IP", "single": "single-agent"}
@@ -72,7 +73,7 @@ MIN_YSPAN = 0.1  # smallest accuracy range on a curves y axis
 
 def colour(workflow: str, sharing: str) -> str:
     """Fixed colour of a run: the single baseline gets its own, otherwise by sharing (grey if unknown)."""
-    return SHARING_COLOURS["single"] if workflow == "single" else SHARING_COLOURS.get(sharing, "#7f7f7f")
+    return SHARING_COLOURS["single"] if workflow == baseline() else SHARING_COLOURS.get(sharing, "#7f7f7f")
 
 
 def role_colour(role: str) -> str:
@@ -366,7 +367,7 @@ def plot_careless_share(metrics: pd.DataFrame) -> Figure:
             if panel.empty:
                 ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="#777")
         axes[i][0].set_ylabel("careless share", fontsize=8)
-    present = {("single" if w == "single" else sh) for w, sh in zip(s["workflow"], s["sharing"])}
+    present = {("single" if w == baseline() else sh) for w, sh in zip(s["workflow"], s["sharing"])}
     handles = [
         Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items() if k in present
     ]

@@ -6,9 +6,12 @@
     md = ci_markdown(cells)            # the same as text, "mean [lo, hi]", "n/a" where a CI needs 2 seeds
     one_seed(cells)                    # no cell has 2 seeds: the .md files and the report say ONE_SEED_BANNER
 
-A cell is (workflow, sharing, scale, task, intervention); a seed is one run of it. Runs with the same seed
-see the same problems at every step (the step's problems are a function of seed and step), so SP - IP,
-MA - SA and intervention - none differences are paired by seed. Intervals: stats.mean_ci (t-interval over
+A cell is (workflow, sharing, scale, task, intervention); a replicate is one run of it, named by its seed and,
+when the runs carry a `build` column (the toy model's build seed, matrix axis `build`), by the pair (seed,
+build): REPLICATE / replicate_keys. "n_seeds" and "seeds" count and list replicates ("1-b2": seed 1 on toy
+build 2). Runs of the same replicate see the same problems at every step (the step's problems are a function
+of seed and step) and, with a build, start from the same model, so SP - IP, MA - SA and intervention - none
+differences are paired by replicate. Intervals: stats.mean_ci (t-interval over
 seeds) for accuracies and gains; stats.rate_ci (Wilson score interval) for the cliff / collapse / stagnation
 rates; a paired difference of 0/1 flags (the `cliff` contrast) has its t-interval cut to the range [-1, 1].
 """
@@ -21,16 +24,41 @@ import pandas as pd
 
 from marlflow.analysis.stats import mean_ci, rate_ci, rate_diff_ci
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
+from marlflow.workflows.spec import baseline
 
 CELL = ["workflow", "sharing", "scale", "task", "intervention"]
+REPLICATE = ["seed", "build"]  # one replicate of a cell; `build` only where the runs carry it
+
+
+def replicate_keys(df: pd.DataFrame) -> list[str]:
+    """The columns of `df` naming one replicate: ["seed", "build"] when it has a build column, else ["seed"]."""
+    return [c for c in REPLICATE if c in df.columns]
+
+
+def n_replicates(df: pd.DataFrame) -> int:
+    """How many distinct replicates (seed, or (seed, build) pairs) the rows of `df` cover."""
+    return int(len(df[replicate_keys(df)].drop_duplicates()))
+
+
+def replicate_names(df: pd.DataFrame) -> list[str]:
+    """Sorted replicate names of `df`'s rows: "1" for seed 1 (build 0 or no build column), "1-b2" on build 2."""
+    keys = df[replicate_keys(df)].drop_duplicates().sort_values(replicate_keys(df))
+    return [
+        f"{int(r['seed'])}" + (f"-b{int(r['build'])}" if r.get("build", 0) else "")
+        for r in keys.to_dict("records")
+    ]
+
+
 # summary column -> name in the cell tables (booleans become rates)
+# Peaks and gains: the held-out and the cross-fitted estimates (tables.PEAK_ESTIMATES), never the in-sample
+# `peak` / `gain_peak` (max over the test evaluations), which stay per run in summary.csv only.
 CELL_STATS = {
     "base": "base",
-    "peak": "peak",
+    "peak_heldout": "peak_heldout",
     "peak_confirmed": "peak_confirmed",
     "terminal": "terminal",
     "terminal_mean3": "terminal_mean3",
-    "gain_peak": "gain_peak",
+    "gain_heldout": "gain_heldout",
     "gain_confirmed": "gain_confirmed",
     "gain_terminal": "gain_terminal",
     "gain_terminal3": "gain_terminal3",
@@ -39,7 +67,7 @@ CELL_STATS = {
     "stagnation": "stagnation_rate",
 }
 RATES = {c for c, name in CELL_STATS.items() if name.endswith("_rate")}  # 0/1 per run: Wilson interval
-CONTRAST_STATS = ["base", "peak", "peak_confirmed", "terminal_mean3", "gain_peak", "gain_confirmed",
+CONTRAST_STATS = ["base", "peak_heldout", "peak_confirmed", "terminal_mean3", "gain_heldout", "gain_confirmed",
                   "gain_terminal3", "cliff"]  # fmt: skip
 CONTRAST_COLUMNS = ["contrast", *CELL, "stat", "n_pairs", "mean", "lo", "hi"]
 
@@ -61,13 +89,14 @@ def _sort_cells(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_by_cell(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell of runs with an eval: number of seeds and mean / 95% CI of CELL_STATS over seeds."""
+    """One row per cell of runs with an eval: number of replicates (n_seeds: seeds, or (seed, build) pairs),
+    their names (seeds) and mean / 95% CI of CELL_STATS over them."""
     s = summary[summary["n_evals"] > 0]
     records = []
     for key, g in s.groupby(CELL, sort=False):
         rec = dict(zip(CELL, key))
-        rec["n_seeds"] = int(g["seed"].nunique())
-        rec["seeds"] = ",".join(str(x) for x in sorted(g["seed"].unique()))
+        rec["n_seeds"] = n_replicates(g)
+        rec["seeds"] = ",".join(replicate_names(g))
         for col, name in CELL_STATS.items():
             m, lo, hi, _ = (rate_ci if col in RATES else mean_ci)(g[col].astype(float))
             rec.update({f"{name}_mean": m, f"{name}_lo": lo, f"{name}_hi": hi})
@@ -90,8 +119,9 @@ def _diff_ci(diff: pd.Series, stat: str) -> tuple[float, float, float, int]:
 
 
 def _differences(name: str, left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> list[list]:
-    """CONTRAST_COLUMNS records: per CELL of `left`, its runs minus their `right` partners matched on `on`."""
-    pairs = _paired(left[[*CELL, "seed", *CONTRAST_STATS]], right[[*on, *CONTRAST_STATS]], on)
+    """CONTRAST_COLUMNS records: per CELL of `left`, its runs minus their `right` partners matched on `on`
+    (which includes the replicate keys)."""
+    pairs = _paired(left[[*CELL, *replicate_keys(left), *CONTRAST_STATS]], right[[*on, *CONTRAST_STATS]], on)
     records = []
     for key, g in pairs.groupby(CELL, sort=False):
         for st in CONTRAST_STATS:
@@ -112,7 +142,8 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
                          interventions: list[str] | None = None, family_alpha: float = 0.05) -> pd.DataFrame:  # fmt: skip
     """Each intervention minus no intervention, pooled over every cell and seed it ran in (POOLED_COLUMNS).
 
-    Pairs: an intervention's run and the `none` run of the same workflow, sharing, scale, task and seed. The
+    Pairs: an intervention's run and the `none` run of the same workflow, sharing, scale, task and replicate
+    (seed, and build where the runs carry one). The
     mean paired difference of each stat (INTERVENTION_STATS, `primary` first) gets a t-interval over the
     pairs, or Newcombe's paired score interval for the 0/1 cliff flag (stats.rate_diff_ci), at level
     1 - family_alpha / m, m = the number of interventions compared (Bonferroni: all of the table's intervals
@@ -123,7 +154,7 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
     names = interventions or sorted(set(s["intervention"]) - {"none"})
     level = 1 - family_alpha / max(len(names), 1)
     stats = [primary, *(st for st in INTERVENTION_STATS if st != primary)]
-    same_cell = ["workflow", "sharing", "scale", "task", "seed"]
+    same_cell = ["workflow", "sharing", "scale", "task", *replicate_keys(s)]
     ref = s[s["intervention"] == "none"]
     records = []
     for name in names:
@@ -146,23 +177,26 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
 
 
 def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
-    """Seed-matched differences with CIs over seeds (CONTRAST_COLUMNS).
+    """Replicate-matched differences with CIs over replicates (CONTRAST_COLUMNS; a replicate is a seed, or a
+    (seed, build) pair when the runs carry a build column; n_pairs counts them).
 
-    sp-ip: per (workflow, scale, task, intervention), SP run minus IP run of the same seed; sharing "sp-ip".
-    ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run minus the
-    `single` run (sharing sp) of the same scale, task, intervention and seed.
+    sp-ip: per (workflow, scale, task, intervention), SP run minus IP run of the same replicate; sharing
+    "sp-ip". ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run
+    minus the `single` run (sharing sp) of the same scale, task, intervention and replicate.
     itv-none: per cell with an intervention, that run minus the run without one (intervention none) of the
-    same workflow, sharing, scale, task and seed: what the intervention changed.
+    same workflow, sharing, scale, task and replicate: what the intervention changed.
     """
     s = summary[summary["n_evals"] > 0].copy()
     for c in CONTRAST_STATS:
         s[c] = s[c].astype(float)
-    multi, single = s[s["workflow"] != "single"], s[(s["workflow"] == "single") & (s["sharing"] == "sp")]
-    same_cell = ["workflow", "sharing", "scale", "task", "seed"]
+    sa = baseline()  # the single-agent workflow (WorkflowSpec.baseline)
+    multi, single = s[s["workflow"] != sa], s[(s["workflow"] == sa) & (s["sharing"] == "sp")]
+    rep = replicate_keys(s)
+    same_cell = ["workflow", "sharing", "scale", "task", *rep]
     records = [
         *_differences("sp-ip", s[s["sharing"] == "sp"].assign(sharing="sp-ip"), s[s["sharing"] == "ip"],
-                      ["workflow", "scale", "task", "intervention", "seed"]),
-        *_differences("ma-sa", multi, single, ["scale", "task", "intervention", "seed"]),
+                      ["workflow", "scale", "task", "intervention", *rep]),
+        *_differences("ma-sa", multi, single, ["scale", "task", "intervention", *rep]),
         *_differences("itv-none", s[s["intervention"] != "none"], s[s["intervention"] == "none"], same_cell),
     ]  # fmt: skip
     out = pd.DataFrame.from_records(records, columns=CONTRAST_COLUMNS)
@@ -184,12 +218,13 @@ ONE_SEED_BANNER = (
 
 
 def one_seed(table: pd.DataFrame) -> bool:
-    """True when no cell of `table` (summary: runs; summary_by_cell: n_seeds; contrasts: n_pairs) has 2 seeds."""
+    """True when no cell of `table` (summary: runs; summary_by_cell: n_seeds; contrasts: n_pairs) has 2
+    replicates (seeds, or (seed, build) pairs)."""
     if "n_seeds" in table.columns:
         return not (table["n_seeds"] >= 2).any()
     if "n_pairs" in table.columns:
         return not (table["n_pairs"] >= 2).any()
-    return not (table.groupby(CELL)["seed"].nunique() >= 2).any()
+    return not (table[[*CELL, *replicate_keys(table)]].drop_duplicates().groupby(CELL).size() >= 2).any()
 
 
 def fmt_ci(m: float, lo: float, hi: float, digits: int = 3) -> str:

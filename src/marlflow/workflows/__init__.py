@@ -11,6 +11,9 @@ know which backend, policy routing or model runs underneath.
 
 Unparseable role outputs (no verdict, no pick, no strategies) take the fallback documented in each
 workflow and set `Call.format_failure`, which the trainer reports per role.
+
+What the rest of marlflow knows about a workflow (roles, slots, calls per episode, ...) is its module's
+`SPEC`, a `marlflow.workflows.spec.WorkflowSpec`; `spec_of(name)` finds it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from marlflow.sampling import Sampling, request_seeds
 from marlflow.tasks import Problem
+from marlflow.workflows.spec import spec_of
 
 
 @dataclass
@@ -96,23 +100,10 @@ class Context:
         self.timer["generate"] += time.perf_counter() - t0
 
 
-def _workflows():
-    from marlflow.workflows import eval_opt, orch_workers, single, voting
-
-    return {
-        "single": single.run,
-        "eval_opt": eval_opt.run,
-        "voting": voting.run,
-        "orch_workers": orch_workers.run,
-    }
-
-
 def eval_metrics(workflow: str, episodes: list[Episode], task) -> dict[str, float]:
-    """The workflow's own eval metrics (role `all`), from the module's `eval_metrics(episodes, task)` if it
+    """The workflow's own eval metrics (role `all`), from its spec's `eval_metrics(episodes, task)` if it
     has one: what only that role graph can say (candidate accuracy, rounds used)."""
-    from importlib import import_module
-
-    fn = getattr(import_module(f"marlflow.workflows.{workflow}"), "eval_metrics", None)
+    fn = spec_of(workflow).eval_metrics
     return fn(episodes, task) if fn else {}
 
 
@@ -136,7 +127,7 @@ def rollout(cfg, task, problems: list[Problem], ctx: Context, group_size: int) -
 
     Episodes are ordered problem-major: episode i belongs to problems[i // group_size]."""
     episodes = [Episode(problem=p, rollout=g) for p in problems for g in range(group_size)]
-    _workflows()[cfg.workflow](episodes, ctx)
+    spec_of(cfg.workflow).run(episodes, ctx)
     t0 = time.perf_counter()
     rewards = task.score([e.problem for e in episodes], [e.final for e in episodes])
     for e, r in zip(episodes, rewards):

@@ -1,6 +1,7 @@
 """Eval-Opt: a generator solves, an evaluator judges, the generator refines until "Correct" or out of rounds.
 
-Rounds (generator calls at most) are `cfg.eval_opt_rounds`, or the paper's 3 for math and 2 for code.
+Rounds (generator calls at most) are `cfg.eval_opt_rounds`, or the paper's 3 for math and 2 for code
+(SPEC.default_rounds).
 The conversation history is shared: the evaluator sees the generator's turn as earlier conversation and
 its critique becomes an assistant turn that the refinement request refers back to (paper section 5).
 Verdict parsing: the last `\\boxed{Correct}` / `\\boxed{Incorrect}` (case-insensitive); anything else is a
@@ -11,6 +12,8 @@ import numpy as np
 
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, prompts
+from marlflow.workflows.single import solve_template
+from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 
 def parse_verdict(text: str) -> tuple[bool, bool]:
@@ -22,7 +25,7 @@ def parse_verdict(text: str) -> tuple[bool, bool]:
 
 
 def run(episodes, ctx) -> None:
-    rounds = ctx.cfg.eval_opt_rounds or (3 if ctx.kind == "math" else 2)
+    rounds = SPEC.rounds(ctx.cfg, ctx.kind)
     history = {id(e): prompts.solve(ctx.kind, e.problem.prompt) for e in episodes}
     active = list(episodes)
     for k in range(rounds):
@@ -58,3 +61,50 @@ def run(episodes, ctx) -> None:
 def eval_metrics(episodes, task) -> dict[str, float]:
     """rounds_mean: generator calls used per episode (1 = the evaluator accepted the first answer)."""
     return {"rounds_mean": float(np.mean([e.info.get("rounds", 1) for e in episodes]))}
+
+
+def stages(cfg, kind: str) -> list[list[CallSpec]]:
+    """Every round, generator then evaluator (the longest episode: one stops early when its evaluator says
+    Correct); each prompt carries the conversation so far."""
+    history, carried, out = list(prompts.solve(kind, "")), [], []
+    for k in range(SPEC.rounds(cfg, kind)):
+        gen = CallSpec(f"generator{k}", "generator", tuple(history), answers=tuple(carried))
+        history = [*history, {"role": "assistant", "content": ""}]
+        carried = [*carried, f"generator{k}"]
+        ev_msgs = prompts.evaluate(kind, "", history)
+        ev = CallSpec(f"evaluator{k}", "evaluator", tuple(ev_msgs), answers=tuple(carried))
+        out += [[gen], [ev]]
+        history = prompts.refine(kind, [*history, ev_msgs[-1], {"role": "assistant", "content": ""}])
+        carried = [*carried, f"evaluator{k}"]
+    return out
+
+
+def prompt_templates(cfg) -> dict[str, list[str]]:
+    """The generator's first and refinement prompts and the evaluator's, with placeholders in braces."""
+    k, p = cfg.task_axis, "{problem}"
+    history = [*prompts.solve(k, p), {"role": "assistant", "content": "{solution}"}]
+    refine = prompts.refine(k, [*history, {"role": "assistant", "content": "{critique}"}])[-1]["content"]
+    return {
+        "generator": [solve_template(cfg), refine],
+        "evaluator": [prompts.evaluate(k, p, history)[-1]["content"]],
+    }
+
+
+SPEC = WorkflowSpec(
+    name="eval_opt",
+    description="a generator solves, an evaluator judges `\\boxed{Correct}`/`\\boxed{Incorrect}`, the generator "
+    "refines until Correct or out of rounds; the last generator output is the answer",
+    run=run,
+    role_types=("generator", "evaluator"),
+    stages=stages,
+    first_stage=r"generator0",
+    mandatory=r"generator0|evaluator0",
+    solver_roles=("generator",),
+    supervisor=("evaluator", "generator"),
+    own_boxed=r"\s*(?:(?i:correct|incorrect))\s*",
+    problem_prompts={"generator": lambda cfg, kind, text: prompts.solve(kind, text)},
+    prompt_templates=prompt_templates,
+    eval_metrics=eval_metrics,
+    eval_metric_names=("rounds_mean",),
+    default_rounds={"math": 3, "code": 2},
+)

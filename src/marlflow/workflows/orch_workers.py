@@ -9,6 +9,7 @@ generic strategy "solve it directly".
 import re
 
 from marlflow.workflows import Call, candidate_metrics, prompts
+from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 FALLBACK_STRATEGY = "solve it directly"
 
@@ -53,3 +54,45 @@ def run(episodes, ctx) -> None:
 def eval_metrics(episodes, task) -> dict[str, float]:
     """any_correct and worker_accuracy (mean over every worker's solution)."""
     return candidate_metrics(episodes, task, "worker_accuracy")
+
+
+def stages(cfg, kind: str) -> list[list[CallSpec]]:
+    """Orchestrator, n_workers workers (each carries a share of the orchestrator's strategies), synthesizer."""
+    n = cfg.n_workers
+    orch = CallSpec("orchestrator0", "orchestrator", tuple(prompts.orchestrate(kind, "", n)))
+    workers = [CallSpec(f"worker{k}", "worker", tuple(prompts.work(kind, "", "")), strategy=True)
+               for k in range(n)]  # fmt: skip
+    synth = CallSpec("synthesizer0", "synthesizer", tuple(prompts.synthesize(kind, "", [""] * n)),
+                     answers=tuple(f"worker{k}" for k in range(n)))  # fmt: skip
+    return [[orch], workers, [synth]]
+
+
+def prompt_templates(cfg) -> dict[str, list[str]]:
+    k, p, n = cfg.task_axis, "{problem}", cfg.n_workers
+    sols = [f"{{solution {i}}}" for i in range(1, n + 1)]
+    return {
+        "orchestrator": [prompts.orchestrate(k, p, n)[-1]["content"]],
+        "worker": [prompts.work(k, p, "{strategy}")[-1]["content"]],
+        "synthesizer": [prompts.synthesize(k, p, sols)[-1]["content"]],
+    }
+
+
+SPEC = WorkflowSpec(
+    name="orch_workers",
+    description="an orchestrator proposes `STRATEGY k:` lines, one worker solves with each, a synthesizer "
+    "compares them and gives the answer",
+    run=run,
+    role_types=("orchestrator", "worker", "synthesizer"),
+    stages=stages,
+    first_stage=r"orchestrator0",
+    mandatory=r"orchestrator0|worker0|synthesizer0",
+    solver_roles=("worker",),
+    supervisor=("orchestrator", "worker"),
+    own_boxed=None,  # orchestrators only plan: any \boxed{} in their output is a solution
+    parallel_role="worker",
+    parallel_slots=r"worker\d+",
+    problem_prompts={"orchestrator": lambda cfg, kind, text: prompts.orchestrate(kind, text, cfg.n_workers)},
+    prompt_templates=prompt_templates,
+    eval_metrics=eval_metrics,
+    eval_metric_names=("any_correct", "worker_accuracy"),
+)

@@ -9,6 +9,8 @@ import re
 
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, candidate_metrics, prompts
+from marlflow.workflows.single import solve_template
+from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 
 def parse_pick(text: str, n: int) -> tuple[int, bool]:
@@ -48,3 +50,40 @@ def eval_metrics(episodes, task) -> dict[str, float]:
     """any_correct and generator_accuracy (mean over every voter's answer): how often the aggregator had a
     right answer to pick, and how good the voters are on their own."""
     return candidate_metrics(episodes, task, "generator_accuracy")
+
+
+def stages(cfg, kind: str) -> list[list[CallSpec]]:
+    n = cfg.n_votes
+    gens = [CallSpec(f"generator{k}", "generator", tuple(prompts.solve(kind, ""))) for k in range(n)]
+    agg = CallSpec("aggregator0", "aggregator", tuple(prompts.aggregate(kind, "", [""] * n)),
+                   answers=tuple(f"generator{k}" for k in range(n)))  # fmt: skip
+    return [gens, [agg]]
+
+
+def prompt_templates(cfg) -> dict[str, list[str]]:
+    sols = [f"{{solution {i}}}" for i in range(1, cfg.n_votes + 1)]
+    return {
+        "generator": [solve_template(cfg)],
+        "aggregator": [prompts.aggregate(cfg.task_axis, "{problem}", sols)[-1]["content"]],
+    }
+
+
+SPEC = WorkflowSpec(
+    name="voting",
+    description="several generators solve the same prompt, an aggregator picks one with `\\boxed{N}`; the picked "
+    "solution is the answer",
+    run=run,
+    role_types=("generator", "aggregator"),
+    stages=stages,
+    first_stage=r"generator\d+",
+    mandatory=r"generator\d+|aggregator0",
+    solver_roles=("generator",),
+    supervisor=("aggregator", "generator"),
+    own_boxed=r"\s*\d+\s*",
+    parallel_role="generator",
+    parallel_slots=r"generator\d+",
+    problem_prompts={"generator": lambda cfg, kind, text: prompts.solve(kind, text)},
+    prompt_templates=prompt_templates,
+    eval_metrics=eval_metrics,
+    eval_metric_names=("any_correct", "generator_accuracy"),
+)

@@ -3,7 +3,6 @@ import os
 import sys
 import re
 
-from marlflow.config import SCALES
 from marlflow.matrix import (
     ALIASES,
     AXES,
@@ -95,7 +94,46 @@ def _refuse_runs_that_do_not_fit():
 
 _refuse_runs_that_do_not_fit()
 RUN_IDS = list(SHEET.index)
-MODELS = dict(zip(SHEET["scale"], SHEET["model"]))
+# One model folder per (scale, toy build): results/models/<scale>, or results/models/toy-b<b> for a build b > 0
+# of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.matrix.model_of).
+MODEL_FOLDERS = {
+    (f"{sc}-b{b}" if b else sc): {"scale": sc, "build": int(b), "model": m}
+    for sc, b, m in zip(SHEET["scale"], SHEET["build"], SHEET["model"])
+}
+
+
+def _refuse_two_toy_seeds():
+    # `toy_build: "--seed 3"` together with builds > 0 would name the seed twice; argparse would keep the last
+    # and two folders could hold one model.
+    if "--seed" in str(config.get("toy_build", "")) and any(
+        v["build"] for v in MODEL_FOLDERS.values()
+    ):
+        print(
+            "error: config toy_build sets --seed, but this preset also has toy builds > 0 (the build axis builds "
+            "results/models/toy-b<b> with --seed b); drop --seed from toy_build, or restrict builds=[0].",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        sys.exit(2)
+
+
+_refuse_two_toy_seeds()
+
+
+def model_folder(wildcards):
+    row = SHEET.loc[wildcards.run_id]
+    return f"results/models/{row['scale']}" + (
+        f"-b{row['build']}" if row["build"] else ""
+    )
+
+
+def toy_build_options(folder):
+    build = MODEL_FOLDERS[folder]["build"]
+    return " ".join(
+        [str(config.get("toy_build", "")), f"--seed {build}" if build else ""]
+    ).strip()
+
+
 # Longest first: a train job's priority is the rank of its estimated work (marlflow.matrix.work_estimate),
 # so the matrix does not end with one long run on an otherwise idle machine.
 _WORK = {r: work_estimate(c) for r, c in SHEET["config"].items()}
@@ -106,7 +144,7 @@ PRIORITY = {
 
 wildcard_constraints:
     run_id="|".join(re.escape(r) for r in RUN_IDS),
-    scale="|".join(re.escape(s) for s in SCALES),
+    folder="|".join(re.escape(f) for f in MODEL_FOLDERS),
 
 
 def run_scale(wildcards):

@@ -1,21 +1,24 @@
-# One model folder per scale: toy is copied from the model shipped in src/marlflow/toy_model/ after its weights
-# hash is checked (or built here when toy_build gives other settings or --build), smol is converted locally,
-# hub scales get a validated pointer. The whole folder is the output, because what `prepare` writes differs by
+# One model folder per scale and toy build: toy is copied from the model shipped in src/marlflow/toy_model/
+# after its weights hash is checked (or built here when toy_build gives other settings or --build, or for a
+# build b > 0 of the `build` axis: `--seed b` into results/models/toy-b<b>), smol is converted locally, hub
+# scales get a validated pointer. The whole folder is the output, because what `prepare` writes differs by
 # scale (toy: weights, tokenizer, warmstart.json; hub scales: READY only); READY, written last, records what
 # was prepared.
 rule models:
     output:
-        directory("results/models/{scale}"),
+        directory("results/models/{folder}"),
     log:
-        "results/logs/models/{scale}.log",
+        "results/logs/models/{folder}.log",
     conda:
         "envs/marlflow.yaml"
     params:
-        model=lambda wildcards: MODELS[wildcards.scale],
+        scale=lambda wildcards: MODEL_FOLDERS[wildcards.folder]["scale"],
+        model=lambda wildcards: MODEL_FOLDERS[wildcards.folder]["model"],
         # Toy build options from a profile's or the command line's config (`toy_build: "--seed 1"`,
         # `--config toy_build=--build`): settings other than the shipped model's, or --build, build a toy model
-        # here instead of copying the shipped one. Empty by default; other scales ignore it.
-        toy_build=config.get("toy_build", ""),
+        # here instead of copying the shipped one. Empty by default; other scales ignore it. A build b > 0
+        # adds `--seed b` (common.smk refuses a toy_build that sets --seed as well).
+        toy_build=lambda wildcards: toy_build_options(wildcards.folder),
     shell:
-        "python -m marlflow.models prepare --scale {wildcards.scale} --model {params.model:q}"
+        "python -m marlflow.models prepare --scale {params.scale} --model {params.model:q}"
         " --out {output:q} {params.toy_build} > {log} 2>&1"

@@ -214,3 +214,55 @@ def test_two_presets_that_train_one_run_id_differently_are_rejected(tmp_path):
     path.write_text(yaml.safe_dump(edited(longer)))
     out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(path)], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "toy_more" in out.stderr
+
+
+def test_build_axis_gives_its_own_model_and_run_ids():
+    # toy_seeds crosses 3 seeds with 2 toy builds: build 0 keeps toy's run ids and shipped model, build 1
+    # trains from results/models/toy-b1 under ids ending -b1, and both sets are one cell's replicates.
+    sheet = run_sheet(MATRIX, "toy_seeds")
+    assert len(sheet) == 84 and set(sheet["build"]) == {0, 1}
+    b0, b1 = sheet.loc["voting-ip-toy-math-s2"], sheet.loc["voting-ip-toy-math-s2-b1"]
+    assert (b0["build"], b0["model"]) == (0, "results/models/toy")
+    assert (b1["build"], b1["model"]) == (1, "results/models/toy-b1")
+    cfg0, cfg1 = (json.loads(r["config"]) for r in (b0, b1))
+    assert "build" not in cfg0  # config.json of build-0 runs is what it was before the axis existed
+    assert cfg1["build"] == 1 and RunConfig.from_dict(cfg1).factors["build"] == 1
+    assert run_id("voting", "ip", "toy", "math", 2, "cg", "long", 3) == "voting-ip-toy-math-s2-b3-long-cg"
+    assert set(run_sheet(MATRIX, "toy_seeds", {"builds": ["1"]})["build"]) == {1}
+    assert set(run_sheet(MATRIX, "toy")["build"]) == {0}
+
+
+@pytest.mark.parametrize(
+    ("edit", "overrides", "expected"),
+    [
+        (lambda d: d["presets"]["smol"]["axes"].update(build=[0, 1]), None,
+         ["presets.smol.axes.build", "scale smol", "toy model"]),
+        (lambda d: None, {"builds": ["one"]}, ["override builds", "integers"]),
+        (lambda d: d["presets"]["smol"]["axes"].update(build=[-1]), None, ["presets.smol.axes.build"]),
+    ],
+)  # fmt: skip
+def test_build_axis_errors_name_the_key(edit, overrides, expected):
+    with pytest.raises(MatrixError) as exc:
+        run_sheet(edited(edit), "smol", overrides)
+    for part in expected:
+        assert part in str(exc.value), (part, str(exc.value))
+
+
+def test_metrics_written_before_the_build_axis_read_as_build_0(tmp_path):
+    # results/evidence/toy and runs trained before the axis have no `build` column: they are the shipped model's
+    import pandas as pd
+
+    from marlflow.analysis.io import load_runs
+    from marlflow.metrics import FACTOR_COLUMNS
+
+    old = dict(run_id="voting-ip-toy-math-s0", workflow="voting", sharing="ip", scale="toy", task="math", seed=0,
+               intervention="none", step=0, split="eval", role="all", metric="accuracy", value=0.5)  # fmt: skip
+    new = {**old, "run_id": "voting-ip-toy-math-s0-b1", "build": 1}
+    paths = []
+    for rec in (old, new):
+        (tmp_path / rec["run_id"]).mkdir()
+        paths.append(tmp_path / rec["run_id"] / "metrics.parquet")
+        pd.DataFrame([rec]).to_parquet(paths[-1])
+    metrics, _ = load_runs(paths)  # same cell and seed, two builds: two replicates, not a clash
+    assert "build" in FACTOR_COLUMNS
+    assert dict(zip(metrics["run_id"], metrics["build"])) == {old["run_id"]: 0, new["run_id"]: 1}

@@ -53,6 +53,18 @@ def test_local_paper_plans_42():
     assert counts["train"] == 42 and counts["models"] == 3
 
 
+def test_toy_builds_get_their_own_model_folder_and_seed():
+    # toy_seeds' build 1 trains from results/models/toy-b1, prepared with --seed 1; build 0 from the shipped model
+    out = snakemake("-n", "--forceall", "-p", "--profile", "profiles/local", "--config", "preset=toy_seeds")
+    counts = job_counts(out.stdout)
+    assert counts["train"] == 84 and counts["models"] == 2, counts
+    assert re.search(r"--out results/models/toy-b1\s+--seed 1\b", out.stdout), out.stdout[-3000:]
+    assert "input: results/runs/voting-ip-toy-math-s2-b1/config.json, results/models/toy-b1" in out.stdout
+    clash = snakemake("-n", "--profile", "profiles/local", "--config", "preset=toy_seeds", "toy_build=--seed 3",
+                      check=False)  # fmt: skip
+    assert clash.returncode == 2 and "drop --seed from toy_build" in clash.stderr, clash.stderr[-1500:]
+
+
 def test_config_restricts_axes():
     out = snakemake(
         "-n", "--profile", "profiles/local", "--config", "preset=smol", "workflows=[voting]", "tasks=[math]"

@@ -603,7 +603,11 @@ def run_id(workflow: str, sharing: str, scale: str, task: str, seed: int, interv
            tag: str = "", build: int = 0) -> str:  # fmt: skip
     """`{workflow}-{sharing}-{scale}-{task}-s{seed}`, then `-b{build}` unless 0, `-{tag}` (the preset's `tag:`)
     and `-{intervention}` unless empty / none. The run's folder is results/runs/<run id>."""
-    rid = f"{workflow}-{sharing}-{scale}-{task}-s{seed}" + (f"-b{build}" if build else "") + (f"-{tag}" if tag else "")
+    rid = (
+        f"{workflow}-{sharing}-{scale}-{task}-s{seed}"
+        + (f"-b{build}" if build else "")
+        + (f"-{tag}" if tag else "")
+    )
     return (rid if intervention == "none" else f"{rid}-{intervention}").lower()
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "intervention"]
+# build: the toy model's build seed (matrix axis `build`); tables written before it existed read as build 0.
+FACTOR_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed", "build", "intervention"]
+INT_COLUMNS = ("seed", "build", "step")
 METRIC_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "role", "metric", "value"]
 SPLITS = ("train", "eval", "val")  # val: the validation evaluation (task.val_size, marlflow.tasks.splits)
 # Metrics that depend on when and beside what a run ran, not on what it computed: wall-clock seconds, and
@@ -43,6 +45,7 @@ SCHEMA = pa.schema(
         ("scale", pa.string()),
         ("task", pa.string()),
         ("seed", pa.int64()),
+        ("build", pa.int64()),
         ("intervention", pa.string()),
         ("step", pa.int64()),
         ("split", pa.string()),
@@ -102,8 +105,17 @@ def atomic_write_parquet(df: pd.DataFrame, path: str | os.PathLike, schema: pa.S
         tmp.unlink(missing_ok=True)
 
 
+def with_build(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with a `build` column: tables written before the build axis existed are build 0 (the shipped toy
+    model, or a fixed model at other scales)."""
+    if "build" in df.columns or "seed" not in df.columns:
+        return df
+    return df.assign(build=0)
+
+
 def validate_metrics(df: pd.DataFrame) -> pd.DataFrame:
     """Return `df` with the schema's columns and dtypes; raise ValueError naming what is wrong."""
+    df = with_build(df)
     missing = [c for c in METRIC_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"metrics table lacks columns {missing}; expected {METRIC_COLUMNS}")
@@ -114,11 +126,11 @@ def validate_metrics(df: pd.DataFrame) -> pd.DataFrame:
     if bad:
         raise ValueError(f"metrics split must be one of {SPLITS}, got {sorted(bad)}")
     out = df[METRIC_COLUMNS].copy()
-    for col in ("seed", "step"):
+    for col in INT_COLUMNS:
         out[col] = out[col].astype("int64")
     out["value"] = out["value"].astype("float64")
     for col in METRIC_COLUMNS:
-        if col not in ("seed", "step", "value"):
+        if col not in (*INT_COLUMNS, "value"):
             out[col] = out[col].astype(str)
     return out
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics
+from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics, with_build
 
 METRIC_KEY = ["run_id", "step", "split", "role", "metric"]
 
@@ -30,6 +30,7 @@ def read_samples(path: str | os.PathLike) -> pd.DataFrame:
         df = pd.read_parquet(path)
     except (OSError, ValueError, pa.ArrowException) as e:
         raise ValueError(f"{path}: cannot read samples table: {e}") from e
+    df = with_build(df)
     missing = [c for c in SAMPLE_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: samples table lacks columns {missing}; expected {SAMPLE_COLUMNS}")

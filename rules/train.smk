@@ -31,7 +31,7 @@ rule run_config:
 rule train:
     input:
         config="results/runs/{run_id}/config.json",
-        model=lambda wildcards: f"results/models/{run_scale(wildcards)}",
+        model=model_folder,
     output:
         metrics="results/runs/{run_id}/metrics.parquet",
         samples="results/runs/{run_id}/samples.parquet",

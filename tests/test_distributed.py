@@ -117,12 +117,59 @@ def test_launch_argv():
     cmd = D.launch_argv(2, argv, {})
     assert cmd[1:5] == ["--standalone", "--nproc-per-node=2", "-m", "marlflow.train"] and cmd[5:] == argv
     cmd = D.launch_argv(4, argv, {"SLURM_JOB_ID": "7"}, device="cuda", threads=8)
-    assert cmd[:5] == ["srun", "--ntasks=4", "--kill-on-bad-exit=1", "--cpus-per-task=8", "--gpus-per-task=1"]
-    assert cmd[5:] == [sys.executable, "-m", "marlflow.train", *argv]
+    assert cmd[:6] == ["srun", "--ntasks=4", "--overlap", "--kill-on-bad-exit=1", "--cpus-per-task=8",
+                       "--gpus-per-task=1"]  # fmt: skip
+    assert cmd[6:] == [sys.executable, "-m", "marlflow.train", *argv]
     rank = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"}
     assert D.launch_argv(2, argv, rank) is None  # already a rank: train
     with pytest.raises(D.DistributedError, match="ranks 4"):
         D.launch_argv(4, argv, rank)
+
+
+def test_launch_env_keeps_the_job_and_drops_the_launching_steps_settings():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "2",
+           "SRUN_CPUS_PER_TASK": "2", "SBATCH_GPUS": "1", "RANK": "0", "PATH": "/bin", "HOME": "/h"}  # fmt: skip
+    assert D.launch_env(env) == {"SLURM_JOB_ID": "7", "PATH": "/bin", "HOME": "/h"}
+
+
+def _cfg(**run):
+    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+
+    return RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy", task_axis="math",
+                     seed=0, task=TaskSpec(name="toy_math", eval_size=6), model="results/models/toy",
+                     grpo=GRPOParams(steps=2, eval_every=1, problems_per_step=4), **run)  # fmt: skip
+
+
+def test_config_ranks():
+    from marlflow.config import ConfigError, RunConfig
+
+    assert _cfg().ranks == 1 and "ranks" not in _cfg().to_dict()  # config.json of 1-rank runs is unchanged
+    two = _cfg(ranks=2)
+    assert two.to_dict()["ranks"] == 2 and RunConfig.from_dict(two.to_dict()) == two
+    with pytest.raises(ConfigError, match="ranks is 5 but grpo.problems_per_step is 4"):
+        _cfg(ranks=5)
+    with pytest.raises(ConfigError, match="ranks 2 needs an explicit device"):
+        _cfg(ranks=2, device="auto")
+    with pytest.raises(ConfigError, match="ranks is 0; it must be >= 1"):
+        _cfg(ranks=0)
+
+
+def test_train_cli_starts_its_ranks_under_torchrun(tmp_path):
+    """`python -m marlflow.train` of a ranks-2 config starts 2 torchrun ranks that rendezvous (both log their
+    place in the log given with --log); the trainer's refusal of ranks > 1 ends the job with nothing written."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(_cfg(ranks=2).to_dict()))
+    log, out = tmp_path / "train.log", tmp_path / "run"
+    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(cfg), "--out", str(out), "--log", str(log)]
+    r = subprocess.run(cmd, env=_clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    text = log.read_text()
+    assert r.returncode != 0, text
+    assert "starting 2 ranks: " in text and "--standalone --nproc-per-node=2 -m marlflow.train" in text
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (torchrun) joined; ranks 2 is not supported by the trainer yet" in text, (
+            text
+        )
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------------------ 2 real ranks

@@ -273,9 +273,40 @@ def launch_argv(ranks: int, argv: Sequence[str], environ: Mapping[str, str], dev
         return None
     cmd = [sys.executable, "-m", "marlflow.train", *argv]
     if environ.get("SLURM_JOB_ID"):
-        srun = ["srun", f"--ntasks={ranks}", "--kill-on-bad-exit=1", f"--cpus-per-task={threads}"]
+        # --overlap: Snakemake's SLURM executor runs the rule inside a one-task step (`srun -n1`) that holds the
+        # job's CPUs and GPUs; the ranks' step must share them with it (the waiting launcher uses none).
+        srun = [
+            "srun",
+            f"--ntasks={ranks}",
+            "--overlap",
+            "--kill-on-bad-exit=1",
+            f"--cpus-per-task={threads}",
+        ]
         if device == "cuda":
             srun.append("--gpus-per-task=1")
         return [*srun, *cmd]
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     return [torchrun, "--standalone", f"--nproc-per-node={ranks}", "-m", "marlflow.train", *argv]
+
+
+# What the ranks' srun may inherit from the launching step: the job's identity. The step's own settings
+# (SLURM_NTASKS=1, its CPUs and GPUs, SLURM_STEP_*) would otherwise be read by srun as defaults that conflict
+# with the ranks' step (the same list Snakemake's SLURM executor keeps for its own nested srun).
+SLURM_KEEP = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CLUSTER_NAME", "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST",
+              "SLURM_CONF")  # fmt: skip
+
+
+def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for `launch_argv`'s command: `environ` without the launching step's SLURM_* / SRUN_* /
+    SBATCH_* settings (SLURM_KEEP stays) and without a previous launcher's rank variables."""
+    drop = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
+    return {k: v for k, v in environ.items()
+            if k in SLURM_KEEP or not (k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in drop)}  # fmt: skip

@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from marlflow import preempt, trackers
+from marlflow import distributed, preempt, trackers
 from marlflow.config import ConfigError, RunConfig
 from marlflow.final import write_final
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
@@ -162,6 +162,23 @@ def main(argv=None) -> int:
         cfg = RunConfig.load(args.config)
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value
         print(f"marlflow train: invalid run config {args.config}: {err}", file=sys.stderr)
+        return 2
+    # ranks > 1: this process starts the ranks (torchrun here, srun inside a SLURM job) and becomes that
+    # launcher (exec: a SIGTERM reaches it, and it stops the ranks); they inherit the --log redirection above.
+    launch = distributed.launch_argv(cfg.ranks, ["--config", args.config, "--out", args.out], os.environ,
+                                     cfg.device, cfg.threads)  # fmt: skip
+    if launch is not None:
+        print(f"marlflow train: run {cfg.run_id}: starting {cfg.ranks} ranks: {' '.join(launch)}", flush=True)
+        os.execvpe(launch[0], launch, distributed.launch_env(os.environ))
+    env = distributed.init(cfg.device)
+    if env.world > 1:
+        # The trainer does not yet split its step over ranks (issue 27: each rank's rollout of its shard, the
+        # gradient all-reduce before clipping, the split evaluation); N copies of the 1-rank run would each
+        # write the run's files. Refuse after the rendezvous, so a launch is checked end to end.
+        print(f"marlflow train: run {cfg.run_id}: rank {env.rank} of {env.world} ({env.source}) joined; ranks "
+              f"{cfg.ranks} is not supported by the trainer yet (issue 27): set ranks: 1 in matrix.yaml "
+              f"(presets.{cfg.preset}.run)", file=sys.stderr, flush=True)  # fmt: skip
+        distributed.close()
         return 2
     trackers.prepare(cfg, Path(args.out))  # before TRL is imported: it imports trackio
     try:

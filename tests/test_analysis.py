@@ -32,7 +32,7 @@ from marlflow.metrics import METRIC_COLUMNS, atomic_write_parquet, rows, write_m
 def factors(run_id: str) -> dict:
     workflow, sharing, scale, task, seed = run_id.split("-")
     return dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task,
-                seed=int(seed[1:]), intervention="none")  # fmt: skip
+                seed=int(seed[1:]), build=0, intervention="none")  # fmt: skip
 
 
 def eval_rows(run_id: str, steps, acc, n_eval=100, se=None, halves=None) -> list[dict]:
@@ -44,6 +44,15 @@ def eval_rows(run_id: str, steps, acc, n_eval=100, se=None, halves=None) -> list
         out += rows(factors(run_id), s, "eval", "all", vals)
         out += rows(factors(run_id), s, "train", "all", {"reward_mean": a, "loss": 0.1 * i})
     return out
+
+
+def val_rows(run_id: str, steps, acc, n_eval=64) -> list[dict]:
+    """Validation accuracy per step (metrics rows split "val", role "all"), as the trainer logs them."""
+    return [
+        r
+        for s, a in zip(steps, acc)
+        for r in rows(factors(run_id), s, "val", "all", {"accuracy": a, "n_eval": n_eval})
+    ]
 
 
 def role_eval_rows(run_id: str, step: int, role: str, **vals) -> list[dict]:
@@ -275,8 +284,16 @@ def test_grad_dynamics(metrics):
 
 
 def test_peak_terminal_table(metrics):
-    s = summarize_runs(metrics)
+    """The table's peak is the held-out one: voting-ip's validation accuracy peaks at step 30, where its test
+    accuracy is 0.55 (the test maximum, 0.70 at step 20, is never shown); the other runs' validation follows
+    their test curve. The caption names the estimate and the calibrated cliff test."""
+    val = []
+    for rid, c in eval_curves(metrics).groupby("run_id"):
+        acc = [0.40, 0.45, 0.50, 0.60, 0.50] if rid == CLIFF else c["accuracy"].tolist()
+        val += val_rows(rid, c["step"].tolist(), acc)
+    s = summarize_runs(pd.concat([metrics, pd.DataFrame(val)], ignore_index=True))
     t = peak_terminal_table(s)
+    assert t.attrs["peak"] == "peak_heldout"
     assert list(t.index) == [
         "single-sp",
         "eval_opt-sp",
@@ -286,21 +303,30 @@ def test_peak_terminal_table(metrics):
         "orch_workers-sp",
     ]
     assert list(t.columns) == [("toy", "math"), ("toy", "code")]
-    assert t.loc["voting-ip", ("toy", "math")] == "70.0 / 50.0 †"
+    assert t.loc["voting-ip", ("toy", "math")] == "55.0 / 50.0 †"
     assert t.loc["eval_opt-sp", ("toy", "math")] == "50.0 / 50.0"
     assert t.loc["single-sp", ("toy", "code")] == "–"
     md = markdown_table(t)
     assert md.splitlines()[0] == "| workflow-sharing | toy math | toy code |"
     tex = peak_terminal_latex(t)
-    assert "\\multicolumn{2}{c}{toy}" in tex and "70.0 / 50.0 $^\\dagger$" in tex and "eval\\_opt-sp" in tex
+    assert "\\multicolumn{2}{c}{toy}" in tex and "55.0 / 50.0 $^\\dagger$" in tex and "eval\\_opt-sp" in tex
+    assert "held-out peak (step selected on validation" in tex and "calibrated cliff test" in tex
+    # without validation or half accuracies there is no headline peak: '–', never the test maximum
+    bare = peak_terminal_table(summarize_runs(metrics))
+    assert bare.loc["voting-ip", ("toy", "math")] == "– / 50.0 †"
 
 
 def test_seeds_average_and_intervention_row():
-    a = eval_rows("voting-ip-toy-math-s0", [0, 10], [0.4, 0.6])
-    b = eval_rows("voting-ip-toy-math-s1", [0, 10], [0.4, 0.8])
-    c = pd.DataFrame(eval_rows("voting-ip-toy-math-s2", [0, 10], [0.4, 0.5])).assign(
-        run_id="voting-ip-toy-math-s2-kl", intervention="kl"
+    a = eval_rows("voting-ip-toy-math-s0", [0, 10], [0.4, 0.6]) + val_rows(
+        "voting-ip-toy-math-s0", [0, 10], [0, 1]
     )
+    b = eval_rows("voting-ip-toy-math-s1", [0, 10], [0.4, 0.8]) + val_rows(
+        "voting-ip-toy-math-s1", [0, 10], [0, 1]
+    )
+    c = pd.DataFrame(
+        eval_rows("voting-ip-toy-math-s2", [0, 10], [0.4, 0.5])
+        + val_rows("voting-ip-toy-math-s2", [0, 10], [0, 1])
+    ).assign(run_id="voting-ip-toy-math-s2-kl", intervention="kl")
     t = peak_terminal_table(summarize_runs(pd.concat([pd.DataFrame(a), pd.DataFrame(b), c])))
     assert t.to_dict("index") == {"voting-ip": {("toy", "math"): "70.0 / 70.0"},
                                   "voting-ip+kl": {("toy", "math"): "50.0 / 50.0"}}  # fmt: skip
@@ -340,7 +366,10 @@ def test_aggregate_cli_end_to_end(tmp_path, capsys):
     assert list(pd.read_csv(tmp_path / "t1" / "grad_dynamics.csv").columns) == GRAD_COLUMNS
     md = (tmp_path / "t1" / "summary.md").read_text().splitlines()
     assert md[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |" and len(md) == 2 + 7
-    assert "| voting-ip-toy-math-s0 | voting | ip | toy | math | 0 | none | 0.400 | 0.700 | 20 |" in md[-2]
+    row = dict(zip(SUMMARY_COLUMNS, (c.strip() for c in md[-2].strip("| ").split(" | "))))
+    assert {k: row[k] for k in ("run_id", "workflow", "seed", "intervention", "base", "peak", "peak_step")} == {
+        "run_id": "voting-ip-toy-math-s0", "workflow": "voting", "seed": "0", "intervention": "none",
+        "base": "0.400", "peak": "0.700", "peak_step": "20"}  # fmt: skip
     # determinism: a second run (paths in another order) writes identical bytes
     assert aggregate.main(["--runs", *reversed(paths), "--out", str(tmp_path / "t2")]) == 0
     for name in aggregate.OUTPUTS:

@@ -37,14 +37,16 @@ def make_run(
     format_failure: dict[str, list[float]] | None = None,
     zero_steps: tuple[int, ...] = (),
     share_gaps: tuple[int, ...] = (),
+    val: list[float] | None = None,
 ) -> str:
     """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path.
 
     format_failure: role -> its eval format_failure_rate per eval (default 0.1 throughout); zero_steps: train
-    steps where every role's grad_norm and grad_share are 0; share_gaps: train steps where the first role logs no grad_share."""
+    steps where every role's grad_norm and grad_share are 0; share_gaps: train steps where the first role logs no grad_share;
+    val: the validation accuracy per eval (default: acc, so the held-out peak step is the test argmax)."""
     workflow, sharing, scale, task, seed = run_id.split("-")
     fac = dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
-               intervention="none")  # fmt: skip
+               build=0, intervention="none")  # fmt: skip
     recs, samples = [], []
     n = 200
     for k, a in enumerate(acc):
@@ -53,6 +55,7 @@ def make_run(
         if careless is not None:
             vals["careless_share"] = careless[k]
         recs += rows(fac, step, "eval", "all", vals)
+        recs += rows(fac, step, "val", "all", {"accuracy": (val or acc)[k], "n_eval": 64})
         for role in shares:
             ff = (format_failure or {}).get(role, [0.1] * len(acc))[k]
             recs += rows(fac, step, "eval", role, {"format_failure_rate": ff, "completion_length": 20.0 + k})
@@ -353,15 +356,18 @@ def test_bad_config_json_is_named(tmp_path, runs):
 def signal_runs(tmp_path) -> list[str]:
     """Runs with what the findings box reports: a Voting IP run whose aggregator's format failures rise
     0.09 -> 0.80 and that falls off a cliff, with zero-gradient steps and steps where one role logs no share;
-    Orch-Workers runs whose toy base 0.07 is below the designed band."""
+    Orch-Workers runs whose toy base 0.07 is below the designed band. In three runs the validation problems
+    pick another step than the test maximum (voting-ip: step 20, not 10; voting-sp and orch_workers-sp: step
+    10, not 20), so every peak the box shows tells which of the two it read."""
     return [
         make_run(tmp_path, "voting-ip-toy-math-s0", [0.3, 0.6, 0.4], {"generator": 0.75, "aggregator": 0.25},
                  careless=[0.7, 0.2, 0.1], format_failure={"aggregator": [0.09, 0.5, 0.8]}, zero_steps=(3, 4),
-                 share_gaps=(6, 7)),
+                 share_gaps=(6, 7), val=[0.3, 0.35, 0.5]),
         make_run(tmp_path, "voting-sp-toy-math-s0", [0.3, 0.4, 0.45], {"generator": 0.6, "aggregator": 0.4},
-                 careless=[0.7, 0.5, 0.4]),
+                 careless=[0.7, 0.5, 0.4], val=[0.3, 0.5, 0.4]),
         make_run(tmp_path, "orch_workers-sp-toy-math-s0", [0.07, 0.3, 0.5],
-                 {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2}, careless=[0.5, 0.3, 0.2]),
+                 {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2}, careless=[0.5, 0.3, 0.2],
+                 val=[0.07, 0.4, 0.3]),
         make_run(tmp_path, "orch_workers-ip-toy-math-s0", [0.07, 0.2, 0.25],
                  {"orchestrator": 0.1, "worker": 0.7, "synthesizer": 0.2}, careless=[0.5, 0.5, 0.5]),
     ]  # fmt: skip
@@ -395,23 +401,36 @@ def test_findings_box(tmp_path, signal_runs):
     )
     assert page.count("One seed per cell") == 1 and "<span class='ci'>n/a</span>" not in page
     for text in (
-        # best and worst cell: base, peak (step), terminal, and that it is one seed
-        "Largest gain (peak - base)</b>: orch_workers-sp toy math: base 0.070, peak 0.500 (step 20), terminal "
-        "0.500 (one seed)",
-        "Smallest terminal gain (terminal - base)</b>: voting-ip toy math: base 0.300, peak 0.600 (step 10), "
-        "terminal 0.400 (one seed)",
-        # SP - IP per workflow x task, with the noise of one pair: 2 sqrt(se_SP^2 + se_IP^2) at the peaks
-        "one seed pair each, so no CI; eval noise = 2 x the SE of the two peak evals",
-        "voting toy math: peak -0.150, terminal -0.050: IP peak higher by more than the eval noise (0.099)",
-        "orch_workers toy math: peak +0.250, terminal +0.117: SP peak higher",
-        # the cliff with its values and steps, the format-failure rise with its values and steps
-        "1 of 4 runs: voting-ip-toy-math-s0 (0.600 at step 10 -&gt; 0.433 over the last 3 evals)",
+        # best and worst cell: base, held-out peak (step chosen on validation), terminal, and that it is one seed;
+        # the test maximum (orch_workers-sp 0.500 at step 20, voting-ip 0.600 at step 10) would rank and read
+        # otherwise
+        "Largest gain (held-out peak - base)</b>: orch_workers-sp toy math: base 0.070, held-out peak 0.300 "
+        "(step 10), terminal 0.500 (one seed)",
+        "Smallest terminal gain (terminal - base)</b>: voting-ip toy math: base 0.300, held-out peak 0.400 "
+        "(step 20), terminal 0.400 (one seed)",
+        # SP - IP per workflow x task of the held-out peaks (test maxima: -0.150, +0.250), with the noise of one
+        # pair: 2 sqrt(se_SP^2 + se_IP^2), each se the test evaluation's at the held-out step
+        "one seed pair each, so no CI; eval noise = 2 x the SE of the two test evals at the held-out peaks",
+        "voting toy math: held-out peak +0.000, terminal -0.050: peaks within eval noise (0.098)",
+        "orch_workers toy math: held-out peak +0.050, terminal +0.117: peaks within eval noise (0.089)",
+        # the cliff with the test's drop and the held-out peak, the format-failure rise with values and steps
+        "1 of 4 runs: voting-ip-toy-math-s0 (drop 0.200, SE ",
+        "; held-out peak 0.400 at step 20 -&gt; 0.433 over the last 3 evals)",
         "voting-ip-toy-math-s0: the aggregator&#x27;s format-failure rate rises 0.09 (step 0) -&gt; 0.80 (step 20)",
         # the toy bases below the band
         "2 of 4 toy bases are outside the designed band [0.15, 0.70] (orch_workers-ip-toy-math-s0 0.070, "
         "orch_workers-sp-toy-math-s0 0.070)",
     ):
         assert text in box, text
+    # the peak / terminal table reads the held-out peaks (voting-ip 0.400, not its test maximum 0.600), under a
+    # caption that says so and no longer describes the old "peak - terminal >= 5 points" rule
+    pt = page[page.index("<h2 id='peak_terminal'>") : page.index("<h2 id='paired'>")]
+    assert "Peak: the held-out peak (step selected on validation problems, accuracy on test)" in pt
+    assert ">40.0 / 40.0 †<" in pt and ">30.0 / 50.0<" in pt and "60.0 /" not in pt and "5 points" not in page
+    # the Runs table: the held-out peak first; the test maximum only as the labelled in-sample column
+    head = page.replace("_<wbr>", "_")
+    assert "<th>peak_heldout</th><th>peak_heldout_step</th>" in head and "<th>peak_in_sample</th>" in head
+    assert "in-sample, optimistic; no finding uses it" in page
     # provenance: the machine, torch, threads and each toy model's hash, CPU and whether it is the shipped one
     shipped = json.loads((SHIPPED_TOY / "warmstart.json").read_text())["weights_sha256"]
     for text in ("CPU (where the report was built)", "torch kernels: ", "torch threads per run (config.json)</td><td>1",
@@ -439,12 +458,12 @@ def test_findings_with_seeds(tmp_path):
     box = findings_box(page)
     assert "One seed per cell" not in page and "2 seeds per cell: read differences as indications" in box
     assert (
-        "voting toy math: peak -0.155 [-0.219, -0.091]: IP higher" in box
+        "voting toy math: held-out peak -0.155 [-0.219, -0.091]: IP higher" in box
         and "]: IP higher" in box
         and "(2 seed pairs)" in box
     )
     assert (
-        "voting-ip toy math: base 0.300 (0.300-0.300), peak 0.605 (0.600-0.610) (step 10, 10), terminal 0.600 (0.600-0.600) (range over 2 seeds)"
+        "voting-ip toy math: base 0.300 (0.300-0.300), held-out peak 0.605 (0.600-0.610) (step 10, 10), terminal 0.600 (0.600-0.600) (range over 2 seeds)"
         in box
     )
     md = (tmp_path / "tables" / "contrasts.md").read_text()
@@ -462,14 +481,15 @@ def test_sp_ip_lines_largest_first_and_capped():
         for scale in ("toy", "smol"):
             for sharing, peak in (("sp", 0.5), ("ip", 0.5 + 0.01 * k + (0.2 if scale == "smol" else 0))):
                 recs.append(dict(run_id=f"{wf}-{sharing}-{scale}-{task}-s0", workflow=wf, sharing=sharing, scale=scale,
-                                 task=task, seed=0, intervention="none", base=0.3, peak=peak, peak_confirmed=peak,
-                                 terminal=peak, terminal_mean3=peak, gain_peak=peak - 0.3, gain_confirmed=peak - 0.3,
+                                 task=task, seed=0, intervention="none", base=0.3, peak=0.9, peak_confirmed=peak,
+                                 peak_heldout=peak, gain_heldout=peak - 0.3, peak_heldout_step=10,
+                                 terminal=peak, terminal_mean3=peak, gain_peak=0.6, gain_confirmed=peak - 0.3,
                                  gain_terminal=peak - 0.3, gain_terminal3=peak - 0.3, se=0.03, cliff=False,
                                  collapse=False, stagnation=False, n_evals=3))  # fmt: skip
     summary = pd.DataFrame(recs)
     lines = report.sp_ip_lines(contrasts(summary), summary)
     assert len(lines) == report.SHOWN_CELLS + 1 and lines[-1].startswith("6 more cells")
-    assert lines[0].startswith("orch_workers smol code: peak -0.250") and all(
+    assert lines[0].startswith("orch_workers smol code: held-out peak -0.250") and all(
         " smol " in x for x in lines[:6]
     )
 
@@ -680,7 +700,8 @@ def test_findings_in_first_screen(tmp_path):
         and "more roles whose format-failure rate rises" in box
     )
     assert (
-        box.count(" toy math: peak ") + box.count(" toy code: peak ") == 6 and "toy bases are outside" in box
+        box.count(" toy math: held-out peak ") + box.count(" toy code: held-out peak ") == 6
+        and "toy bases are outside" in box
     )
     check = layout(exe, html_file, tmp_path)
     assert "weights_sha256" in html_file.read_text() and check["page"] <= check["W"], check

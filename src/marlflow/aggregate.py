@@ -7,6 +7,7 @@ deterministically (sorted rows, no timestamps):
     failures.csv                               run_id, cliff, collapse, stagnation, capture, evidence
     grad_dynamics.csv                          one row per run x role (analysis.GRAD_COLUMNS)
     peak_terminal.md, peak_terminal.tex        rows workflow x sharing, columns scale x task, "peak / terminal"
+                                               (the held-out peak, else the cross-fitted one: the caption says)
     summary_by_cell.parquet, .csv, .md         one row per cell: mean and 95% CI over seeds
     contrasts.csv, contrasts.md                seed-paired SP - IP, MA - SA, intervention - none differences, CIs
     claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
@@ -46,7 +47,7 @@ from marlflow.analysis.seeds import (
     pooled_interventions,
     summary_by_cell,
 )
-from marlflow.analysis.tables import CAPTION
+from marlflow.analysis.tables import caption
 from marlflow.metrics import atomic_write_parquet, atomic_write_text
 
 OUTPUTS = [
@@ -100,7 +101,7 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     atomic_write_text(out / "summary.md", markdown_table(s, index=False))
     atomic_write_text(out / "failures.csv", csv_text(tables["failures"]))
     atomic_write_text(out / "grad_dynamics.csv", csv_text(tables["grad_dynamics"]))
-    atomic_write_text(out / "peak_terminal.md", f"{CAPTION}\n\n{markdown_table(pt)}")
+    atomic_write_text(out / "peak_terminal.md", f"{caption(pt.attrs['peak'])}\n\n{markdown_table(pt)}")
     atomic_write_text(out / "peak_terminal.tex", peak_terminal_latex(pt))
     cells = tables["summary_by_cell"]
     banner = f"{ONE_SEED_BANNER}\n\n" if one_seed(s) else ""

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from marlflow.analysis import DEFINITIONS, load_runs
-from marlflow.analysis.curves import eval_curves, wide
+from marlflow.analysis.curves import eval_curves, eval_sizes, peak_se, wide
 from marlflow.analysis.definitions import FORMAT_RISE, TOY_BASE_BAND
 from marlflow.analysis.io import read_samples
 from marlflow.analysis.plots import (
@@ -72,14 +72,16 @@ from marlflow.analysis.plots import (
     step_time_table,
     with_se,
 )
-from marlflow.analysis.seeds import ONE_SEED_BANNER, one_seed
+from marlflow.analysis.seeds import ONE_SEED_BANNER, n_replicates, one_seed
 from marlflow.analysis.tables import (
-    CAPTION,
+    PEAK_ESTIMATES,
     SCALE_ORDER,
     SHARING_ORDER,
     TASK_ORDER,
     WORKFLOW_ORDER,
+    caption,
     order_key,
+    peak_estimate,
     peak_terminal_table,
 )
 from marlflow.metrics import FACTOR_COLUMNS, atomic_write_text
@@ -415,6 +417,23 @@ def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
 
 SHOWN = 3  # most runs named per finding (cliffs, failures); the full lists are in the sections below
 SHOWN_CELLS = 6  # most SP - IP cells, the largest peak differences first (the box must fit the first screen)
+# Short names of the headline peak estimates (tables.PEAK_ESTIMATES) in the findings box.
+PEAK_NAMES = {"peak_heldout": "held-out peak", "peak_confirmed": "cross-fitted peak"}
+
+
+def with_peak_se(summary: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """summary plus `peak_se`: the standard error of the test evaluation at the held-out peak step
+    (peak_heldout_step; accuracy_se as logged, else sqrt(p (1 - p) / n)), NaN where the run has none. The
+    in-sample peak's `se` is never used for it: its step was selected on the test problems."""
+    recs = []
+    for rid, g in eval_curves(metrics).groupby("run_id", sort=False):
+        g, n = g.reset_index(drop=True), eval_sizes(g)
+        recs += [(rid, int(g["step"].iloc[i]), peak_se(g, i, float(n[i]))) for i in range(len(g))]
+    at = pd.DataFrame(recs, columns=["run_id", "peak_heldout_step", "peak_se"])
+    at["peak_heldout_step"] = at["peak_heldout_step"].astype("Int64")
+    out = summary.drop(columns=["peak_se"], errors="ignore").copy()
+    out["peak_heldout_step"] = out["peak_heldout_step"].astype("Int64")
+    return out.merge(at, on=["run_id", "peak_heldout_step"], how="left")
 
 
 def _spread(values: pd.Series) -> str:
@@ -437,46 +456,55 @@ def _more(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def _cell_text(cell: dict, g: pd.DataFrame) -> str:
-    steps = ", ".join(str(int(x)) for x in sorted(g["peak_step"].dropna()))
+def _cell_text(cell: dict, g: pd.DataFrame, peak: str) -> str:
+    step = ""
+    if peak == "peak_heldout":
+        steps = ", ".join(str(int(x)) for x in sorted(g["peak_heldout_step"].dropna()))
+        step = f" (step {steps or '?'})"
     return (
-        f"{cell_label(cell)}: base {_spread(g['base'])}, peak {_spread(g['peak'])} (step {steps or '?'}), "
-        f"terminal {_spread(g['terminal'])} ({_seeds(g['seed'].nunique())})"
+        f"{cell_label(cell)}: base {_spread(g['base'])}, {PEAK_NAMES[peak]} {_spread(g[peak])}{step}, "
+        f"terminal {_spread(g['terminal'])} ({_seeds(n_replicates(g))})"
     )
 
 
 def best_worst(summary: pd.DataFrame) -> list[tuple[str, str]]:
     """(label, text): the cell with the largest mean peak - base and the one with the smallest terminal - base
-    (mean over its seeds), each with its base, peak, peak step and terminal (last eval)."""
+    (mean over its replicates), each with its base, peak, peak step and terminal (last eval). The peak is the
+    headline estimate (tables.peak_estimate: held-out, else cross-fitted), never the in-sample max."""
     s = summary[summary["n_evals"] > 0]
     groups = [(dict(zip(CELL_KEYS, k)), g) for k, g in s.groupby(CELL_KEYS, sort=True)]
     if not groups:
         return [("Cells", "no run has an eval accuracy")]
-    best = max(groups, key=lambda kg: (kg[1]["gain_peak"].mean(), cell_label(kg[0])))
+    peak = peak_estimate(s)
+    gain = PEAK_ESTIMATES[peak][0]
+    best = max(groups, key=lambda kg: (kg[1][gain].mean(), cell_label(kg[0])))
     worst = min(groups, key=lambda kg: (kg[1]["gain_terminal"].mean(), cell_label(kg[0])))
-    out = [("Largest gain (peak - base)", _cell_text(*best))]
+    out = [(f"Largest gain ({PEAK_NAMES[peak]} - base)", _cell_text(*best, peak))]
     if worst[0] != best[0]:
-        out.append(("Smallest terminal gain (terminal - base)", _cell_text(*worst)))
+        out.append(("Smallest terminal gain (terminal - base)", _cell_text(*worst, peak)))
     return out
 
 
 def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
-    """Per workflow x scale x task (x intervention) with both SP and IP runs: the seed-paired SP - IP difference
-    of the peak and of terminal_mean3 (contrasts.csv). Over >= 2 seed pairs with its 95% CI and which side
-    it favours; over one pair with the evaluation noise of such a difference, 2 x sqrt(se_SP^2 + se_IP^2)
-    (se: the standard error of one evaluation at the peak, summary.parquet)."""
+    """Per workflow x scale x task (x intervention) with both SP and IP runs: the replicate-paired SP - IP
+    difference of the headline peak (tables.peak_estimate: held-out, else cross-fitted; never the in-sample
+    max) and of terminal_mean3 (contrasts.csv). Over >= 2 pairs with its 95% CI and which side it favours;
+    over one pair with the evaluation noise of such a difference, 2 x sqrt(se_SP^2 + se_IP^2) (se: the
+    standard error of the test evaluation at each run's held-out peak step, `peak_se` from with_peak_se;
+    unknown without it)."""
     if con is None:
         return ["contrasts.csv is missing: rerun <code>python -m marlflow.aggregate</code>"]
-    c = con[(con["contrast"] == "sp-ip") & con["stat"].isin(["peak", "terminal_mean3"])]
+    peak = peak_estimate(summary)
+    c = con[(con["contrast"] == "sp-ip") & con["stat"].isin([peak, "terminal_mean3"])]
     out = []
     for key, g in _cell_order(c).groupby(CELL_KEYS, sort=False, dropna=False):
         cell = dict(zip(CELL_KEYS, key))
         by = {r["stat"]: r for r in g.to_dict("records")}
-        if "peak" not in by or _missing(by["peak"]["mean"]):
+        if peak not in by or _missing(by[peak]["mean"]):
             continue
-        pairs = int(by["peak"]["n_pairs"])
+        pairs = int(by[peak]["n_pairs"])
         parts = []
-        for stat, name in (("peak", "peak"), ("terminal_mean3", "terminal")):
+        for stat, name in ((peak, PEAK_NAMES[peak]), ("terminal_mean3", "terminal")):
             r = by.get(stat)
             if r is None or _missing(r["mean"]):
                 continue
@@ -490,7 +518,7 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
         if pairs >= 2:
             out.append(
                 (
-                    abs(float(by["peak"]["mean"])),
+                    abs(float(by[peak]["mean"])),
                     f"{esc(label)}: {esc('; '.join(parts))} ({pairs} seed pairs)",
                 )
             )
@@ -498,9 +526,9 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
         same = (
             summary[["workflow", "scale", "task", "intervention"]] == [key[0], key[2], key[3], key[4]]
         ).all(1)
-        se = summary.loc[same, "se"].astype(float)
+        se = summary.loc[same, "peak_se"].astype(float) if "peak_se" in summary.columns else pd.Series([])
         noise = 2 * math.sqrt(float((se**2).sum())) if len(se) == 2 and se.notna().all() else math.nan
-        side = float(by["peak"]["mean"])
+        side = float(by[peak]["mean"])
         if math.isfinite(noise):
             verdict = (
                 f"peaks within eval noise ({noise:.3f})"
@@ -508,7 +536,7 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
                 else f"{'SP' if side > 0 else 'IP'} peak higher by more than the eval noise ({noise:.3f})"
             )
         else:
-            verdict = "eval noise unknown (no se for exactly one SP and one IP run)"
+            verdict = "eval noise unknown (no SE at the held-out peak for exactly one SP and one IP run)"
         out.append((abs(side), f"{esc(label)}: {esc(', '.join(parts))}: {esc(verdict)}"))
     if not out:
         return ["no cell has both an SP and an IP run"]
@@ -521,14 +549,22 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
 
 
 def cliff_lines(summary: pd.DataFrame) -> str:
-    """How many runs end in a terminal cliff, and the largest drops with their peak, step and terminal."""
+    """How many runs end in a terminal cliff, and the largest drops: the cliff test's drop with its SE
+    (definitions: a calibrated test over the candidate peaks, not a selected peak) and the held-out peak with
+    its step (never the in-sample max), then terminal_mean3."""
     s = summary[summary["n_evals"] > 0]
     cl = s[s["cliff"].astype(bool)].sort_values(["drop", "run_id"], ascending=[False, True])
     if cl.empty:
         return f"no terminal cliff in {len(s)} runs"
+
+    def held(r) -> str:
+        if _missing(r.get("peak_heldout")):
+            return "no held-out peak"
+        return f"held-out peak {float(r['peak_heldout']):.3f} at step {int(r['peak_heldout_step'])}"
+
     shown = [
-        f"{r['run_id']} ({float(r['peak']):.3f} at step {int(r['peak_step'])} -> {float(r['terminal_mean3']):.3f}"
-        f" over the last 3 evals)"
+        f"{r['run_id']} (drop {float(r['drop']):.3f}, SE {float(r['drop_se']):.3f}; {held(r)} -> "
+        f"{float(r['terminal_mean3']):.3f} over the last 3 evals)"
         for r in cl.head(SHOWN).to_dict("records")
     ]
     more = f" and {len(cl) - SHOWN} more" if len(cl) > SHOWN else ""
@@ -589,9 +625,9 @@ def band_warning(summary: pd.DataFrame) -> str | None:
 
 def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[str]:
     """The box at the top of the overview: seeds banner, best and worst cells, SP vs IP, cliffs, failures."""
-    summary = tables["summary"]
+    summary = with_peak_se(tables["summary"], metrics)
     s = summary[summary["n_evals"] > 0]
-    per_cell = s.groupby(CELL_KEYS)["seed"].nunique()
+    per_cell = s.groupby(CELL_KEYS).apply(n_replicates, include_groups=False) if len(s) else pd.Series([])
     items = []
     if len(per_cell) and one_seed(s):
         head = f"<p class='banner'>{code_spans(ONE_SEED_BANNER)}</p>"
@@ -607,12 +643,13 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
     items += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in best_worst(summary)]
     sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
     how = (
-        "one seed pair each, so no CI; eval noise = 2 x the SE of the two peak evals"
+        "one seed pair each, so no CI; eval noise = 2 x the SE of the two test evals at the held-out peaks"
         if one_seed(s)
         else "mean over seed pairs [95% CI]"
     )
+    peak = PEAK_NAMES[peak_estimate(s)] if len(s) else "peak"
     items.append(
-        f"<li><b>SP - IP</b> (peak; terminal = mean of the last 3 evals; {how}):<ul>"
+        f"<li><b>SP - IP</b> ({peak}; terminal = mean of the last 3 evals; {how}):<ul>"
         + "".join(f"<li>{x}</li>" for x in sp_ip)
         + "</ul></li>"
     )
@@ -726,17 +763,19 @@ def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.Data
     secs = train_seconds(metrics)
     careless = careless_first_last(metrics)
     flags = failure_flags(failures)
+    summary = with_peak_se(summary, metrics)
     recs = []
     for rid in run_order(summary):
         r = summary[summary["run_id"] == rid].iloc[0]
         rec = {
             "run_id": rid,
             "base": r["base"],
-            "peak": r["peak"],
-            "peak_step": r["peak_step"] if pd.notna(r["peak_step"]) else None,
+            "peak_heldout": r["peak_heldout"],
+            "peak_heldout_step": r["peak_heldout_step"] if pd.notna(r["peak_heldout_step"]) else None,
             "terminal": r["terminal"],
-            "gain_peak": r["gain_peak"],
-            "se": r["se"],
+            "gain_heldout": r["gain_heldout"],
+            "se": r["peak_se"],
+            "peak_in_sample": r["peak"],
             "signatures": ", ".join(flags.get(rid, [])),
             "train_time": duration(float(secs.get(rid, math.nan))),
         }
@@ -745,7 +784,10 @@ def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.Data
         recs.append(rec)
     note = (
         "<p class='note'>One row per run; the run id links to its page (curves, per-role metrics, step time, "
-        "transcripts). gain_peak = peak - base; se = standard error of one evaluation at the peak"
+        "transcripts). peak_heldout: the test accuracy at the step chosen on the validation problems "
+        "(peak_heldout_step); gain_heldout = peak_heldout - base; se = standard error of the test evaluation at "
+        "that step; peak_in_sample: the maximum over the test evaluations (selected on the numbers it reports: "
+        "in-sample, optimistic; no finding uses it)"
         + ("; careless_share: step 0 -> last eval" if careless else "")
         + ".</p>"
     )
@@ -772,7 +814,8 @@ def peak_terminal_html(summary: pd.DataFrame) -> str:
         for label, row in pt.iterrows()
     )
     return (
-        f"<p class='note'>{esc(CAPTION)}</p><div class='tw'><table><thead><tr>{top}</tr><tr>{sub}</tr></thead>"
+        f"<p class='note'>{esc(caption(pt.attrs['peak']))}</p><div class='tw'><table><thead><tr>{top}</tr>"
+        f"<tr>{sub}</tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
 

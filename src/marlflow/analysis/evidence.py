@@ -112,7 +112,8 @@ def render(experiment: str, root: Path = EVIDENCE, check: bool = False) -> list[
     folder = root / experiment
     if not (folder / "metrics.parquet").is_file():
         raise FileNotFoundError(f"{folder / 'metrics.parquet'} is missing: run `collect {experiment}` first")
-    rendered = tables_of(pd.read_parquet(folder / "metrics.parquet"))
+    # validate_metrics: data collected before a factor column existed (e.g. build) reads with its default
+    rendered = tables_of(validate_metrics(pd.read_parquet(folder / "metrics.parquet")))
     changed = []
     for name, text in rendered.items():
         path = folder / "tables" / f"{name}.md"

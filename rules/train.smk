@@ -1,4 +1,5 @@
 # One training run per row of the run sheet.
+from marlflow.distributed import ranks_gpu_refusal, run_ranks
 
 
 # Writing a small JSON file is not worth a cluster job.
@@ -24,6 +25,15 @@ rule run_config:
         " && mv {output.config:q}.tmp {output.config:q} && echo wrote {output.config:q} > {log:q}"
 
 
+# A GPU run of N ranks needs N GPUs (one per rank): refused before anything is submitted when the profile's
+# scale_resources.<scale>.gpu (GPUs per run) says otherwise.
+_mismatch = ranks_gpu_refusal(SHEET, config.get("scale_resources"))
+if _mismatch:
+    print(f"error: {_mismatch}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.exit(2)
+
+
 # Outputs are what `python -m marlflow.train` writes (its docstring; tests/test_rules.py checks a real run
 # against them). RUN/checkpoints/ is deliberately not an output: it is the job's resume state, and
 # Snakemake deletes a job's outputs before it runs and after it fails, which would throw away exactly
@@ -46,12 +56,21 @@ rule train:
         "envs/marlflow.yaml"
     # CPU-only defaults; GPUs, memory and time per scale come from a profile's `scale_resources`.
     # runtime never depends on `attempt`: a resubmitted job (exit 75 after a checkpoint) gets the same limit.
+    # A run of N ranks (RunConfig.ranks) is one job of N SLURM tasks, each with cpus_per_task CPUs and (on
+    # GPUs) one GPU, and mem_mb per rank; the trainer starts the ranks itself (srun inside the job, torchrun
+    # without SLURM; marlflow.distributed.launch_argv). tasks_per_gpu 1: SLURM's executor would otherwise give
+    # each GPU `tasks` tasks.
     resources:
         gpu=scale_resource("gpu", 0),
+        tasks=lambda wildcards: run_ranks(SHEET, wildcards.run_id),
+        tasks_per_gpu=1,
         cpus_per_task=scale_resource(
             "cpus_per_task", lambda wildcards, threads: threads
         ),
-        mem_mb=scale_resource("mem_mb", 4000),
+        mem_mb=lambda wildcards, threads: int(
+            scale_resource("mem_mb", 4000)(wildcards, threads)
+        )
+        * run_ranks(SHEET, wildcards.run_id),
         runtime=scale_resource("runtime", 120),
     params:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),

@@ -154,6 +154,21 @@ def test_config_ranks():
         _cfg(ranks=0)
 
 
+def test_ranks_gpu_refusal_and_run_ranks():
+    import pandas as pd
+
+    def row(ranks, device):
+        cfg = {**_cfg(ranks=ranks).to_dict(), "device": device}
+        return {"scale": "toy", "preset": "toy", "config": json.dumps(cfg)}
+
+    sheet = pd.DataFrame({"a": row(1, "cpu"), "b": row(2, "cpu"), "c": row(2, "cuda")}).T
+    assert [D.run_ranks(sheet, r) for r in "abc"] == [1, 2, 2]
+    assert D.ranks_gpu_refusal(sheet, None) is None  # no GPUs in the profile (local runs)
+    assert D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 2}}) is None  # CPU runs need no GPU each
+    msg = D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 1}})
+    assert msg.startswith("run c has ranks 2") and "scale_resources.toy.gpu" in msg
+
+
 def test_train_cli_starts_its_ranks_under_torchrun(tmp_path):
     """`python -m marlflow.train` of a ranks-2 config starts 2 torchrun ranks that rendezvous (both log their
     place in the log given with --log); the trainer's refusal of ranks > 1 ends the job with nothing written."""

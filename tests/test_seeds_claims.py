@@ -31,12 +31,15 @@ def test_mean_ci():
     assert m == 0.5 and s == 1 and math.isnan(lo) and math.isnan(hi)
 
 
-def run(workflow, sharing, seed, base=0.3, peak=0.7, cliff=False, task="math", stagnation=False):
-    rid = f"{workflow}-{sharing}-toy-{task}-s{seed}"
+def run(workflow, sharing, seed, base=0.3, peak=0.7, cliff=False, task="math", stagnation=False, build=0):
+    """One run's summary row. `peak` is its held-out peak; the in-sample test maximum is 0.95 in every run,
+    so a table or claim that read it instead would show no SP - IP difference at all."""
+    rid = f"{workflow}-{sharing}-toy-{task}-s{seed}" + (f"-b{build}" if build else "")
     rec = dict.fromkeys(SUMMARY_COLUMNS, math.nan)
-    rec.update(run_id=rid, workflow=workflow, sharing=sharing, scale="toy", task=task, seed=seed,
-               intervention="none", base=base, peak=peak, peak_step=20, terminal=peak, terminal_mean3=peak,
-               peak_confirmed=peak - 0.01, gain_peak=peak - base, gain_confirmed=peak - 0.01 - base,
+    rec.update(run_id=rid, workflow=workflow, sharing=sharing, scale="toy", task=task, seed=seed, build=build,
+               intervention="none", base=base, peak=0.95, peak_step=20, terminal=peak, terminal_mean3=peak,
+               peak_heldout=peak, peak_heldout_step=30, gain_heldout=peak - base,
+               peak_confirmed=peak - 0.01, gain_peak=0.95 - base, gain_confirmed=peak - 0.01 - base,
                gain_terminal=peak - base, gain_terminal3=peak - base, cliff=cliff, collapse=False,
                stagnation=stagnation, n_evals=5)  # fmt: skip
     return rec
@@ -58,10 +61,13 @@ def test_summary_by_cell_ci_and_one_seed():
     cells = summary_by_cell(summary(3))
     assert len(cells) == 7 and (cells["n_seeds"] == 3).all()
     v = cells[(cells["workflow"] == "voting") & (cells["sharing"] == "ip")].iloc[0]
-    assert v["peak_mean"] == pytest.approx(0.71) and v["cliff_rate_mean"] == 1.0
-    assert v["peak_lo"] < 0.71 < v["peak_hi"]
+    assert v["peak_heldout_mean"] == pytest.approx(0.71) and v["cliff_rate_mean"] == 1.0
+    assert v["peak_heldout_lo"] < 0.71 < v["peak_heldout_hi"]
+    assert (
+        "peak_mean" not in cells.columns and "gain_peak_mean" not in cells.columns
+    )  # in-sample: per run only
     one = summary_by_cell(summary(1))
-    assert one["peak_lo"].isna().all() and one["peak_hi"].isna().all()
+    assert one["peak_heldout_lo"].isna().all() and one["peak_heldout_hi"].isna().all()
 
 
 def test_rates_have_wilson_intervals_inside_0_1():
@@ -83,12 +89,14 @@ def test_rates_have_wilson_intervals_inside_0_1():
 
 def test_contrasts_paired_by_seed():
     con = contrasts(summary(3))
-    spip = con[(con["contrast"] == "sp-ip") & (con["workflow"] == "voting") & (con["stat"] == "peak")].iloc[0]
+    assert not con["stat"].isin(["peak", "gain_peak"]).any()  # the in-sample maximum is no contrast
+    spip = con[(con["contrast"] == "sp-ip") & (con["workflow"] == "voting") & (con["stat"] == "peak_heldout")]
+    spip = spip.iloc[0]
     assert spip["n_pairs"] == 3 and spip["mean"] == pytest.approx(-0.1)
     # the per-seed differences are all -0.1: zero-width CI
     assert spip["lo"] == pytest.approx(-0.1) and spip["hi"] == pytest.approx(-0.1)
     masa = con[(con["contrast"] == "ma-sa") & (con["workflow"] == "eval_opt") & (con["sharing"] == "ip")]
-    assert masa[masa["stat"] == "peak"]["mean"].item() == pytest.approx(0.2)
+    assert masa[masa["stat"] == "peak_heldout"]["mean"].item() == pytest.approx(0.2)
     assert not (con["workflow"] == "single").any()
 
 
@@ -110,7 +118,7 @@ def test_intervention_minus_none_paired_by_seed():
     assert itv.loc["terminal_mean3", "mean"] == pytest.approx(0.10)
     assert itv.loc["terminal_mean3", "lo"] < 0.10 < itv.loc["terminal_mean3", "hi"]
     assert itv.loc["cliff", "mean"] == pytest.approx(-2 / 3) and itv.loc["cliff", "lo"] >= -1
-    assert itv.loc["peak", "mean"] == pytest.approx(0.0)
+    assert itv.loc["peak_heldout", "mean"] == pytest.approx(0.0)
     assert list(dict.fromkeys(con["contrast"])) == ["sp-ip", "ma-sa", "itv-none"]
 
 
@@ -131,6 +139,34 @@ def test_pooled_interventions_are_corrected_and_paired():
     assert t.loc[("kl", "terminal_mean3"), "verdict"] == "inconclusive"
     assert t.loc[("cg", "cliff"), "mean"] == -1.0 and t.loc[("cg", "cliff"), "lo"] >= -1
     assert t.loc[("cg", "cliff"), "hi"] > -1.0 and t.loc[("cg", "cliff"), "verdict"] == ""
+
+
+def test_replicates_are_seed_build_pairs():
+    """With a build column each (seed, build) pair is one replicate: 2 seeds x 2 toy builds give 4 per cell,
+    SP - IP and intervention - none pair within the same seed and build (pairing by seed alone would cross the
+    builds into 8 pairs), and the claims count 4 replicates. Without the column, seeds alone, as before."""
+    from marlflow.analysis.seeds import pooled_interventions
+
+    recs = [run(wf, sh, s, build=b, peak=(0.6 if sh == "sp" else 0.7) + 0.01 * s + 0.02 * b, cliff=sh == "ip")
+            for s in (0, 1) for b in (0, 1) for wf in ("single", "voting") for sh in ("sp", "ip")
+            if (wf, sh) != ("single", "ip")]  # fmt: skip
+    df = pd.DataFrame(recs, columns=SUMMARY_COLUMNS)
+    cells = summary_by_cell(df)
+    assert (cells["n_seeds"] == 4).all() and set(cells["seeds"]) == {"0,0-b1,1,1-b1"}
+    con = contrasts(df)
+    spip = con[(con["contrast"] == "sp-ip") & (con["stat"] == "peak_heldout")].iloc[0]
+    assert spip["n_pairs"] == 4 and spip["mean"] == pytest.approx(-0.1) and spip["hi"] - spip["lo"] < 1e-9
+    assert (con[con["contrast"] == "ma-sa"]["n_pairs"] == 4).all()
+    kl = df[df["workflow"] == "voting"].assign(intervention="kl")
+    pooled = pooled_interventions(pd.concat([df, kl], ignore_index=True))
+    assert (pooled["n_pairs"] == 8).all() and (pooled["n_cells"] == 2).all()  # voting sp and ip, 4 each
+    c = claims_table(df, grads(2)).set_index("claim")
+    assert (c.loc[["C1", "C3", "C4", "C5"], "n_seeds"] == 4).all() and c.loc["C4", "n_cells"] == 4
+    seeds_only = df[df["build"] == 0].drop(columns="build")
+    assert (summary_by_cell(seeds_only)["n_seeds"] == 2).all()
+    assert (contrasts(seeds_only)["n_pairs"] == 2).all()
+    c = claims_table(seeds_only, grads(2)).set_index("claim")
+    assert (c.loc[["C1", "C3", "C4"], "n_seeds"] == 2).all()
 
 
 def grads(n_seeds: int) -> pd.DataFrame:

@@ -227,3 +227,42 @@ def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
     )
     ok = _snakemake("-n", "--profile", "profiles/slurm", *ACCOUNT)  # the real profile: every paper cell fits
     assert ok.returncode == 0 and "Traceback" not in ok.stderr, ok.stderr[-2000:]
+
+
+def test_data_parallel_imbalance_allreduce_and_gpu_choice(capsys):
+    """Several GPUs per run (issue 27): the slowest rank's stretch, the all-reduce's cost and share, and the
+    per-scale GPU choice of `--resources --max-gpus`."""
+    assert plan.imbalance(1, 64) == 1.0
+    assert (
+        1.0 < plan.imbalance(2, 32) < plan.imbalance(8, 8) < plan.imbalance(8, 2)
+    )  # more ranks, fewer problems
+    assert plan.imbalance(8, 8, cv=0.0) == 1.0
+    cfg = _sheet_cfg("paper", "voting-sp-4b-math-s0")
+    pa = plan.model_shape(cfg.model, cfg.scale).lora_params(cfg.grpo.lora_r, cfg.grpo.lora_targets)
+    h100 = plan.GPUS["h100-80gb"]
+    assert plan.allreduce_seconds(cfg, pa, 1, h100) == 0.0
+    one_node, two_nodes = plan.allreduce_seconds(cfg, pa, 8, h100), plan.allreduce_seconds(cfg, pa, 16, h100)
+    assert two_nodes > 10 * one_node  # 25 GB/s of network instead of 450 GB/s of NVLink
+    # Voting SP: 4 slots (3 generators, the aggregator) of one policy on every metrics step, else 1 flat.
+    every4 = RunConfig.from_dict(
+        {**cfg.to_dict(), "grpo": {**cfg.to_dict()["grpo"], "grad_metrics_every": 4}}
+    )
+    ring = 2 * 7 / 8 * pa * 4 / (h100.link_gbs * 1e9)
+    assert one_node - 14 * plan.TIME["allreduce_hop_s"] == pytest.approx(4 * ring)
+    assert plan.allreduce_seconds(every4, pa, 8, h100) - 14 * plan.TIME["allreduce_hop_s"] == pytest.approx(
+        (4 / 4 + 3 / 4) * ring
+    )
+    p1, p8 = plan.plan_run(cfg, n_gpus=1), plan.plan_run(cfg, n_gpus=8)
+    assert p1.allreduce_share == (0.0, 0.0) and 0 < p8.allreduce_share[1] < 0.01
+    assert p8.imbalance == pytest.approx(plan.imbalance(8, 8))
+    assert p1.run_hours[1] / 8 < p8.run_hours[1] < p1.run_hours[1] / 4  # faster, less than linearly
+    by_n = {n: [plan.plan_run(cfg, n_gpus=n)] for n in (1, 2, 4, 8)}
+    h = {n: ps[0].run_hours[1] for n, ps in by_n.items()}
+    assert plan.choose_gpus(by_n, target_hours=h[2] + 1)["4b"]["gpu"] == 2  # the fewest that meet the target
+    assert (
+        plan.choose_gpus(by_n, target_hours=h[8] / 2)["4b"]["gpu"] == 8
+    )  # none does: the most still efficient
+    assert plan.choose_gpus(by_n, target_hours=h[8] / 2, min_efficiency=0.99)["4b"]["gpu"] == 1
+    assert plan.main(["--preset", "paper", "--resources", "--max-gpus", "4", "--target-hours", "1"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert {r["gpu"] for r in out.values()} == {4} and all(0 < r["efficiency"] <= 1 for r in out.values())

@@ -74,7 +74,18 @@ TIME = {
     "sleep_wake_s_per_gb": 0.75,
     # Per step, outside generation and the update: LoRA weight sync into vLLM, scoring, logging.
     "step_overhead_s": 5.0,
+    # Data parallel (issue 27). Coefficient of variation of one problem's work in a step (its G rollouts'
+    # tokens): completion lengths differ by problem and by sample; an assumption, not a measurement. With k
+    # problems per rank the slowest of n ranks does ~(1 + cv / sqrt(k) x E[max of n standard normals]) of the
+    # mean rank's work (`imbalance`); every rank waits for it at the all-reduce.
+    "dp_problem_cv": 0.5,
+    # Between nodes a ring all-reduce runs at the per-GPU network bandwidth: one 200 Gb/s InfiniBand HDR link
+    # per GPU = 25 GB/s (NDR 400 Gb/s: 50). Within a node, the GPU's own link (GPUS[...].link_gbs).
+    "internode_gbs": 25.0,
+    # Per ring hop of an all-reduce: NCCL's latency is ~5-20 us per step on NVLink / InfiniBand.
+    "allreduce_hop_s": 20e-6,
 }
+GPUS_PER_NODE = 8  # a DGX/HGX node; runs of more GPUs span nodes and all-reduce over the network
 # Memory constants (docs/planner.md "Memory").
 MEMORY = {
     "margin": 0.10,  # a run fits when its peak is <= 90% of the GPU's memory
@@ -490,6 +501,40 @@ class RunPlan:
     run_hours: tuple | None
     gpu_hours: tuple | None
     notes: tuple = field(default_factory=tuple)
+    # n_gpus > 1: the slowest rank's work over the mean rank's (`imbalance`), and the gradient all-reduce's
+    # share of the step time as (low, high) like step_seconds.
+    imbalance: float = 1.0
+    allreduce_share: tuple | None = None
+
+
+def imbalance(n_gpus: int, problems_per_rank: int, cv: float | None = None) -> float:
+    """Expected slowest-rank over mean-rank work of a data-parallel step: 1 + cv / sqrt(k) x E[max of n standard
+    normals] (Blom's approximation, Phi^-1((n - 0.375) / (n + 0.25))), k problems per rank whose work has
+    coefficient of variation cv (TIME["dp_problem_cv"]). With cv 0.5 and the paper's 64 problems: 1.05 at 2 GPUs,
+    1.13 at 4, 1.25 at 8, 1.44 at 16 (docs/planner.md, "Several GPUs")."""
+    if n_gpus <= 1:
+        return 1.0
+    from statistics import NormalDist
+
+    cv = TIME["dp_problem_cv"] if cv is None else cv
+    e_max = NormalDist().inv_cdf((n_gpus - 0.375) / (n_gpus + 0.25))
+    return 1.0 + cv / math.sqrt(max(problems_per_rank, 1)) * e_max
+
+
+def allreduce_seconds(cfg: RunConfig, adapter_params: int, n_gpus: int, gpu: GPU,
+                      gpus_per_node: int = GPUS_PER_NODE) -> float:  # fmt: skip
+    """One step's gradient all-reduce (ring: each GPU sends and receives 2 (n-1)/n of the buffer, plus 2 (n-1)
+    hops of latency). The buffer is fp32: on a gradient-metrics step one flat gradient per slot (per-role and
+    per-slot metrics must be computed on the global gradient; the per-role and total gradients are their sums),
+    otherwise one per policy; averaged over grad_metrics_every. Over the network when the run spans nodes."""
+    if n_gpus <= 1:
+        return 0.0
+    slots = sum(len(stage) for stage in episode_calls(cfg, cfg.task_axis))
+    every = cfg.grpo.grad_metrics_every
+    flats = slots / every + len(cfg.policies) * (1 - 1 / every)
+    link = gpu.link_gbs if n_gpus <= gpus_per_node else min(gpu.link_gbs, TIME["internode_gbs"])
+    volume = 2 * (n_gpus - 1) / n_gpus * adapter_params * 4 * flats
+    return volume / (link * 1e9) + 2 * (n_gpus - 1) * TIME["allreduce_hop_s"]
 
 
 def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpointing: bool) -> dict:
@@ -566,16 +611,17 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
             t += waves * c * max(it_mem, it_flops) + 2 * n * prompt / (flops_s * TIME["prefill_mfu"])
         return t
 
-    t_gen = generation(slots)
+    # Every rank waits for the slowest at the all-reduce: the per-rank work is stretched by the imbalance.
+    slow = imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus))
+    t_gen, t_train = generation(slots) * slow, t_train * slow
     # Evaluation: eval_size episodes (one per problem), every eval_every steps, split over the ranks.
     eval_eps = math.ceil(cfg.task.eval_size / n_gpus)
-    t_eval = generation(slot_tokens(cfg, frac, episodes=eval_eps)) / g.eval_every
+    t_eval = (
+        generation(slot_tokens(cfg, frac, episodes=eval_eps)) * imbalance(n_gpus, eval_eps) / g.eval_every
+    )
     sleep = (TIME["sleep_wake_s"] + TIME["sleep_wake_s_per_gb"] * shape.params * 2 / GB
              if getattr(cfg, "use_vllm_sleep", False) else 0.0)  # fmt: skip
-    pa = shape.lora_params(g.lora_r, g.lora_targets)
-    allreduce = (
-        2 * (n_gpus - 1) / n_gpus * pa * 4 * len(cfg.policies) / (gpu.link_gbs * 1e9) if n_gpus > 1 else 0
-    )
+    allreduce = allreduce_seconds(cfg, shape.lora_params(g.lora_r, g.lora_targets), n_gpus, gpu)
     parts = {"generate": t_gen, "train": t_train, "eval": t_eval, "sleep_wake": sleep, "allreduce": allreduce,
              "other": TIME["step_overhead_s"]}  # fmt: skip
     return parts if split else sum(parts.values())
@@ -584,9 +630,9 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
 def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> RunPlan:
     """Memory and time plan of one run (see RunPlan); `gpu` is a name in GPUS or a GPU.
 
-    n_gpus: data-parallel ranks: each rank rolls out and trains problems_per_step / n_gpus problems and
-    all-reduces the adapter gradients; memory per GPU is unchanged (every rank holds the model, the adapters
-    and vLLM). Multi-GPU runs are not built yet (a later issue): this sizes them."""
+    n_gpus: data-parallel ranks (RunConfig.ranks): each rank rolls out and trains problems_per_step / n_gpus
+    problems, waits for the slowest (`imbalance`) and all-reduces the adapter gradients (`allreduce_seconds`);
+    memory per GPU is unchanged (every rank holds the model, the adapters and vLLM)."""
     if not isinstance(gpu, GPU) and gpu not in GPUS:
         raise PlanError(f"gpu {gpu!r} is unknown; choose one of {', '.join(GPUS)}")
     if n_gpus < 1:
@@ -609,11 +655,13 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> R
            sum(s.prompt_tokens + s.completion_tokens for s in full))  # fmt: skip
     notes = []
     if cfg.device == "cuda":
-        step = tuple(_step_seconds(cfg, shape, card, f, n_gpus, ckpt) for f in COMPLETION_FRACS)
+        parts = [_step_seconds(cfg, shape, card, f, n_gpus, ckpt, split=True) for f in COMPLETION_FRACS]
+        step = tuple(sum(p.values()) for p in parts)
         hours = tuple(s * g.steps / 3600 for s in step)
         gpu_hours = tuple(h * n_gpus for h in hours)
+        share = tuple(p["allreduce"] / sum(p.values()) for p in parts)
     else:
-        step = hours = gpu_hours = None
+        step = hours = gpu_hours = share = None
         notes.append(f"device {cfg.device}: memory is for that device (fp32); time is not estimated")
     return RunPlan(
         run_id=cfg.run_id, scale=cfg.scale, workflow=cfg.workflow, sharing=cfg.sharing, task=cfg.task_axis,
@@ -623,6 +671,7 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> R
         activations_alt_gb=alt["activations"] / GB, peak_gb=peak / GB, peak_alt_gb=peak_alt / GB,
         gpu_memory_gb=card.memory_gb, fits=peak / GB <= (1 - MEMORY["margin"]) * card.memory_gb,
         step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
+        imbalance=imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus)), allreduce_share=share,
     )  # fmt: skip
 
 
@@ -763,6 +812,27 @@ def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[
     return out
 
 
+def choose_gpus(plans_by_n: dict[int, list[RunPlan]], target_hours: float, min_efficiency: float = 0.5
+                ) -> dict[str, dict]:  # fmt: skip
+    """GPUs per run for each scale, from plans of the same runs at several GPU counts ({n_gpus: plans}, 1
+    included): the fewest GPUs whose longest run (at 100% of the cap) takes at most `target_hours`; when none
+    does, the most GPUs whose parallel efficiency (that run's 1-GPU hours / (n x its n-GPU hours)) is at least
+    `min_efficiency`. Returns {scale: {"gpu": n, "longest_run_h": hours at n, "efficiency": e}}."""
+    longest: dict[str, dict[int, float]] = {}
+    for n, plans in plans_by_n.items():
+        for p in plans:
+            if p.run_hours is not None:
+                by_n = longest.setdefault(p.scale, {})
+                by_n[n] = max(by_n.get(n, 0.0), p.run_hours[1])
+    out = {}
+    for scale, by_n in longest.items():
+        eff = {n: by_n[1] / (n * h) for n, h in by_n.items()}
+        fast = [n for n in sorted(by_n) if by_n[n] <= target_hours]
+        n = fast[0] if fast else max(n for n in by_n if eff[n] >= min_efficiency or n == 1)
+        out[scale] = {"gpu": n, "longest_run_h": math.ceil(by_n[n]), "efficiency": round(eff[n], 2)}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
@@ -780,6 +850,11 @@ def main(argv=None) -> int:
         default=JOB_LIMIT_MIN,
         help=f"with --resources: the cluster's job time limit in minutes (default {JOB_LIMIT_MIN})",
     )
+    ap.add_argument("--max-gpus", type=int, default=1,
+                    help="with --resources: also choose GPUs per run for each scale (powers of two up to this; "
+                         "choose_gpus) and print gpu: N with the runtime at N")  # fmt: skip
+    ap.add_argument("--target-hours", type=float, default=48.0,
+                    help="with --max-gpus: the longest run's wall time to aim for (default 48)")  # fmt: skip
     args = ap.parse_args(argv)
     from marlflow.matrix import MatrixError
 
@@ -789,10 +864,22 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.resources:
-        if args.job_limit_min < 1:
-            print("error: --job-limit-min must be >= 1 (minutes)", file=sys.stderr)
+        if args.job_limit_min < 1 or args.max_gpus < 1:
+            print("error: --job-limit-min and --max-gpus must be >= 1", file=sys.stderr)
             return 2
+        chosen = {}
+        if args.max_gpus > 1:
+            counts = [2**k for k in range(int(math.log2(args.max_gpus)) + 1)]
+            by_n = {1: plans, **{n: plan_sheet(args.matrix, args.preset, args.gpu, n) for n in counts[1:]}}
+            chosen = choose_gpus(by_n, args.target_hours)
+            plans = [p for n in counts for p in by_n[n] if chosen.get(p.scale, {}).get("gpu", 1) == n]
         for scale, r in resources(plans, args.job_limit_min).items():
+            r = {
+                **(
+                    {"gpu": chosen[scale]["gpu"], "efficiency": chosen[scale]["efficiency"]} if chosen else {}
+                ),
+                **r,
+            }
             print(f"{scale}: {{{', '.join(f'{k}: {v}' for k, v in r.items())}}}")
         return 0
     rows = table_rows(plans)

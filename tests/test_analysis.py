@@ -474,3 +474,167 @@ def test_evidence_render_check_finds_an_edited_table(metrics, tmp_path):
     assert evidence.render("exp", tmp_path, check=True) == []
     (tmp_path / "exp" / "tables" / "claims.md").write_text("edited by hand\n")
     assert evidence.render("exp", tmp_path, check=True) == ["claims"]
+
+
+def _matrix_doc() -> dict:
+    import yaml
+
+    from marlflow.analysis import evidence
+
+    return yaml.safe_load((evidence.ROOT / "matrix.yaml").read_text())
+
+
+def test_intervention_analysis_is_declared_in_the_preset():
+    """toy_interventions declares its pooled analysis as a schema key; matrix.analysis_of hands it to aggregate."""
+    from marlflow.matrix import analysis_of
+
+    ia = analysis_of(_matrix_doc(), "toy_interventions")["interventions"]
+    assert ia == {"baseline": "none", "compare": ["kl", "coh", "srn", "cg", "mb"], "statistic": "terminal_mean3",
+                  "pair_by": ["workflow", "sharing", "scale", "task", "seed", "build"], "correction": "bonferroni"}  # fmt: skip
+    assert analysis_of(_matrix_doc(), "toy") == {}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda ia: ia.update(compare=["kl", "klx"]),
+            r"compare: names 'klx', which is not on the preset's "
+            r"intervention axis \(none, kl, coh, srn, cg, mb\)\. Did you mean 'kl'\?",
+        ),
+        (lambda ia: ia.update(baseline="zz"), r"interventions\.baseline: names 'zz', which is not on"),
+        (lambda ia: ia.update(compare=["none", "kl"]), r"compare: lists the baseline 'none'"),
+        (
+            lambda ia: ia.update(pair_by=["workflow", "seed"]),
+            r"pair_by: leaves out sharing, which the preset "
+            r"varies.*Add sharing to pair_by",
+        ),
+        (lambda ia: ia.update(statistic="peak"), r"statistic.*'peak'.*terminal_mean3"),
+        (lambda ia: ia.update(correction="holm"), r"correction.*'holm'.*bonferroni"),
+        (lambda ia: ia.update(pair_by=["seeds"]), r"pair_by.*'seeds'"),
+        (lambda ia: ia.update(alpha=0.1), r"analysis\.interventions.*alpha"),
+        (lambda ia: ia.pop("compare"), r"analysis\.interventions.*compare"),
+    ],
+)
+def test_intervention_analysis_declaration_errors(edit, message):
+    """A declaration that names what the preset does not run, or that aggregate could not compute, is refused
+    when the matrix is read, with the key and the fix."""
+    from marlflow.matrix import MatrixError, analysis_of
+
+    doc = _matrix_doc()
+    edit(doc["presets"]["toy_interventions"]["analysis"]["interventions"])
+    with pytest.raises(MatrixError, match=message):
+        analysis_of(doc, "toy_interventions")
+
+
+def test_schema_statistics_are_the_pooled_tables():
+    from marlflow.analysis.seeds import CORRECTIONS, INTERVENTION_STATS
+    from marlflow.matrix import schema
+
+    props = schema()["$defs"]["intervention_analysis"]["properties"]
+    assert props["statistic"]["enum"] == list(INTERVENTION_STATS)
+    assert props["correction"]["enum"] == list(CORRECTIONS)
+
+
+def _itv_summary() -> pd.DataFrame:
+    """voting-ip/sp toy math, 3 seeds: none, kl (terminal +0.10 +- 0.01, IP only) and cg (no change)."""
+    recs = []
+    for sh in ("sp", "ip"):
+        for seed in range(3):
+            for itv, d in (("none", 0.0), ("kl", 0.09 + 0.01 * seed), ("cg", 0.02 * (seed - 1))):
+                if itv == "kl" and sh == "sp":
+                    continue
+                recs.append(dict(run_id=f"voting-{sh}-toy-math-s{seed}-{itv}", workflow="voting", sharing=sh,
+                                 scale="toy", task="math", seed=seed, build=0, intervention=itv, n_evals=5,
+                                 terminal_mean3=0.5 + d, gain_heldout=0.2 + d, cliff=itv == "none" and seed == 0))  # fmt: skip
+    return pd.DataFrame(recs)
+
+
+def test_interventions_table_is_computed_as_declared(tmp_path):
+    """aggregate's interventions table from a declaration: the compared names in order (an absent one still
+    counts in the correction), the baseline and the correction named in every row, intervals at 1 - 0.05/m,
+    the verdict on the declared statistic; the .md says it was declared, and what; without a declaration the
+    heading says the comparison was chosen after the runs."""
+    declared = {"baseline": "none", "compare": ["kl", "cg", "mb"], "statistic": "terminal_mean3",
+                "pair_by": ["workflow", "sharing", "seed"], "correction": "bonferroni"}  # fmt: skip
+    t = aggregate.interventions_table(_itv_summary(), declared)
+    assert list(dict.fromkeys(t["intervention"])) == ["kl", "cg", "mb"]
+    assert (t["baseline"] == "none").all() and (t["correction"] == "bonferroni").all()
+    assert t["ci_level"].tolist() == pytest.approx([1 - 0.05 / 3] * len(t))
+    by = t.set_index(["intervention", "stat"])
+    assert (
+        by.loc[("kl", "terminal_mean3"), "n_pairs"] == 3 and by.loc[("kl", "terminal_mean3"), "n_cells"] == 1
+    )
+    assert by.loc[("kl", "terminal_mean3"), "mean"] == pytest.approx(0.10)
+    assert by.loc[("kl", "terminal_mean3"), "verdict"] == "positive"
+    assert (
+        by.loc[("cg", "terminal_mean3"), "n_pairs"] == 6
+        and by.loc[("cg", "terminal_mean3"), "verdict"] == "inconclusive"
+    )
+    assert (
+        by.loc[("mb", "terminal_mean3"), "n_pairs"] == 0
+        and by.loc[("mb", "terminal_mean3"), "verdict"] == "inconclusive"
+    )
+    assert by.loc[("kl", "gain_heldout"), "verdict"] == "" and by.loc[("kl", "terminal_mean3"), "primary"]
+    # another declared statistic carries the verdict; no correction: each interval at 0.95
+    other = aggregate.interventions_table(
+        _itv_summary(), {**declared, "statistic": "gain_heldout", "correction": "none"}
+    )
+    o = other.set_index(["intervention", "stat"])
+    assert (
+        o.loc[("kl", "gain_heldout"), "verdict"] == "positive"
+        and o.loc[("kl", "terminal_mean3"), "verdict"] == ""
+    )
+    assert other["ci_level"].tolist() == pytest.approx([0.95] * len(other)) and list(
+        other["stat"][:3]
+    ) == list(aggregate.INTERVENTION_STATS[1::-1]) + ["cliff"]
+    head = aggregate.interventions_heading(t)
+    assert head.startswith("Declared in the preset before the runs (matrix.yaml analysis.interventions: ")
+    assert '"compare": ["kl", "cg", "mb"]' in head and "correction: bonferroni" in head
+    assert "bonferroni-corrected over the 3 interventions (each at 0.9833)" in head
+    post = aggregate.interventions_heading(aggregate.interventions_table(_itv_summary(), None))
+    assert post.startswith("Not declared in the preset") and "chosen after the runs" in post
+
+
+def test_aggregate_refuses_an_analysis_it_cannot_compute(tmp_path, capsys):
+    paths = write_runs(tmp_path, samples=False)
+    for bad, says in (("[1]", "not a JSON object"), ('{"cells": {}}', "unknown analyses ['cells']"),
+                      ('{"interventions": {"compare": ["kl"], "statistic": "peak"}}', "statistic 'peak'")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            aggregate.main(["--runs", *paths, "--out", str(tmp_path / "t"), "--analysis", bad])
+        assert e.value.code == 2 and says in capsys.readouterr().err, bad
+    assert not (tmp_path / "t").exists()
+
+
+def test_evidence_collect_pools_several_checkouts_with_each_commit(tmp_path):
+    """toy_seeds' builds are trained in two checkouts: collect pools their runs, computes the summary from the
+    pooled data and records each checkout's commit and runs."""
+    import subprocess
+
+    from marlflow.analysis import evidence
+
+    runs = build_runs()
+    halves = [dict(list(runs.items())[:3]), dict(list(runs.items())[3:])]
+    folders = []
+    for i, part in enumerate(halves):
+        repo = tmp_path / f"checkout{i}"
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                        "--allow-empty", "-m", f"c{i}"], check=True)  # fmt: skip
+        for rid, df in part.items():
+            (repo / "results" / "runs" / rid).mkdir(parents=True)
+            df.to_parquet(repo / "results" / "runs" / rid / "metrics.parquet")
+            (repo / "results" / "runs" / rid / "config.json").write_text(
+                json.dumps({"run_id": rid, "model": "m"})
+            )
+        folders.append(repo / "results")
+    out = evidence.collect("pooled", folders, "two checkouts", out_root=tmp_path / "evidence")
+    prov = json.loads((out / "provenance.json").read_text())
+    heads = [subprocess.run(["git", "-C", str(f.parent), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip() for f in folders]  # fmt: skip
+    assert prov["commit"] == heads and [s["commit"] for s in prov["sources"]] == heads
+    assert [sorted(s["runs"]) for s in prov["sources"]] == [sorted(h) for h in halves]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "summary.parquet"), summarize_runs(pd.read_parquet(out / "metrics.parquet"))
+    )
+    assert evidence.render("pooled", tmp_path / "evidence", check=True) == []

@@ -1,4 +1,5 @@
-"""Aggregate finished runs into tables: `python -m marlflow.aggregate --runs PATH... --out results/tables`.
+"""Aggregate finished runs into tables: `python -m marlflow.aggregate --runs PATH... --out results/tables
+[--analysis JSON]`.
 
 PATHs are metrics.parquet files; the samples.parquet beside each is read if present. Writes, atomically and
 deterministically (sorted rows, no timestamps):
@@ -11,7 +12,9 @@ deterministically (sorted rows, no timestamps):
     summary_by_cell.parquet, .csv, .md         one row per cell: mean and 95% CI over seeds
     contrasts.csv, contrasts.md                seed-paired SP - IP, MA - SA, intervention - none differences, CIs
     claims.csv, claims.md                      claims C1..C7: statistic, CI across seeds, verdict
-    interventions.csv, interventions.md        each intervention minus none, pooled over cells and seeds (corrected)
+    interventions.csv, interventions.md        each intervention minus the baseline, pooled over cells and
+                                               replicates, as the preset declares it (--analysis: its matrix.yaml
+                                               `analysis: {interventions: ...}`, which rules/aggregate.smk passes)
 
 OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
 NaN in the csv/parquet; the md files then open with seeds.ONE_SEED_BANNER (how to get CIs) and show the
@@ -21,6 +24,7 @@ single values without CI columns. Definitions: marlflow.analysis.definitions.DEF
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -39,6 +43,9 @@ from marlflow.analysis import (
 )
 from marlflow.analysis.claims import VERDICT_RULE, claims_table
 from marlflow.analysis.seeds import (
+    CORRECTIONS,
+    INTERVENTION_PRIMARY,
+    INTERVENTION_STATS,
     ONE_SEED_BANNER,
     ci_markdown,
     contrasts,
@@ -75,9 +82,47 @@ def csv_text(df: pd.DataFrame) -> str:
     return df.to_csv(index=False, lineterminator="\n")
 
 
-def build_tables(metrics: pd.DataFrame) -> dict[str, pd.DataFrame]:
+# analysis.interventions key of matrix.yaml -> keyword of seeds.pooled_interventions
+DECLARED_KEYS = {"compare": "interventions", "statistic": "primary", "baseline": "baseline", "pair_by": "pair_by",
+                 "correction": "correction"}  # fmt: skip
+
+
+def check_analysis(analysis: object) -> None:
+    """Raise ValueError naming what is wrong unless `analysis` is a declaration aggregate can compute: an
+    object with at most `interventions`, whose keys are DECLARED_KEYS and which lists `compare`."""
+    if not isinstance(analysis, dict):
+        raise ValueError("not a JSON object")
+    if set(analysis) - {"interventions"}:
+        raise ValueError(
+            f"unknown analyses {sorted(set(analysis) - {'interventions'})}; known: interventions"
+        )
+    ia = analysis.get("interventions")
+    if ia is None:
+        return
+    if not isinstance(ia, dict) or "compare" not in ia or set(ia) - set(DECLARED_KEYS):
+        raise ValueError(
+            f"interventions needs `compare` and takes only {', '.join(DECLARED_KEYS)}; got {ia!r}"
+        )
+    if ia.get("statistic", INTERVENTION_PRIMARY) not in INTERVENTION_STATS:
+        raise ValueError(f"statistic {ia['statistic']!r} is not one of {', '.join(INTERVENTION_STATS)}")
+    if ia.get("correction", "bonferroni") not in CORRECTIONS:
+        raise ValueError(f"correction {ia['correction']!r} is not one of {', '.join(CORRECTIONS)}")
+
+
+def interventions_table(summary: pd.DataFrame, declared: dict | None) -> pd.DataFrame:
+    """The pooled intervention table as the preset declares it (matrix.yaml analysis.interventions, validated
+    by marlflow.matrix); without a declaration every intervention present against none, post hoc. The
+    declaration, or None, is kept in the result's attrs["declared"] for the .md heading."""
+    kw = {DECLARED_KEYS[k]: v for k, v in (declared or {}).items()}
+    out = pooled_interventions(summary, **kw)
+    out.attrs["declared"] = declared
+    return out
+
+
+def build_tables(metrics: pd.DataFrame, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
     """All aggregate tables from loaded runs: summary, failures, grad_dynamics, peak_terminal,
-    summary_by_cell, contrasts, claims."""
+    summary_by_cell, contrasts, claims, interventions. analysis: the preset's declared analyses
+    (marlflow.matrix.analysis_of), {} or None when it declares none."""
     summary = summarize_runs(metrics)
     grads = grad_dynamics(metrics)
     return {
@@ -88,7 +133,7 @@ def build_tables(metrics: pd.DataFrame) -> dict[str, pd.DataFrame]:
         "summary_by_cell": summary_by_cell(summary),
         "contrasts": contrasts(summary),
         "claims": claims_table(summary, grads),
-        "interventions": pooled_interventions(summary),
+        "interventions": interventions_table(summary, (analysis or {}).get("interventions")),
     }
 
 
@@ -132,27 +177,58 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
     )
     itv = tables["interventions"]
     atomic_write_text(out / "interventions.csv", csv_text(itv))
-    level = f"{itv['ci_level'].iloc[0]:.4g}" if len(itv) else "n/a"
     atomic_write_text(
         out / "interventions.md",
-        "Each intervention minus none, paired by cell and seed and pooled over them (analysis.seeds."
-        f"pooled_interventions); intervals Bonferroni-corrected over the {itv['intervention'].nunique()} "
-        f"interventions (each at {level}); cliff: Newcombe's paired interval; verdict on the primary stat.\n\n"
+        interventions_heading(itv)
         + (markdown_table(itv, index=False) if len(itv) else "No run with an intervention.\n"),
     )
     return [out / name for name in OUTPUTS]
+
+
+def interventions_heading(itv: pd.DataFrame) -> str:
+    """The paragraph above interventions.md's table: what was declared, how pairs are made, the correction."""
+    d = itv.attrs.get("declared")
+    if len(itv) == 0:
+        return "Pooled intervention analysis (analysis.seeds.pooled_interventions).\n\n"
+    level, corr = f"{itv['ci_level'].iloc[0]:.4g}", str(itv["correction"].iloc[0])
+    m, base = itv["intervention"].nunique(), str(itv["baseline"].iloc[0])
+    how = (
+        f"Declared in the preset before the runs (matrix.yaml analysis.interventions: {json.dumps(d)})"
+        if d
+        else "Not declared in the preset (no analysis.interventions in matrix.yaml): every intervention present "
+        "against none, chosen after the runs"
+    )
+    pairs = ", ".join(d["pair_by"]) if d and d.get("pair_by") else "cell and replicate"
+    corrected = f"{corr}-corrected over the {m} interventions" if corr != "none" else "not corrected"
+    return (
+        f"{how}. Each intervention minus {base}, paired by {pairs} and pooled (analysis.seeds."
+        f"pooled_interventions); correction: {corr}: intervals {corrected} (each at {level}); cliff: Newcombe's "
+        "paired interval; verdict on the primary stat.\n\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="marlflow aggregate", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
     parser.add_argument("--out", required=True, help="output folder, e.g. results/tables")
+    parser.add_argument(
+        "--analysis",
+        default="{}",
+        metavar="JSON",
+        help="the preset's declared analyses as JSON (its matrix.yaml `analysis:` block, "
+        'marlflow.matrix.analysis_of), e.g. \'{"interventions": {"compare": ["kl"]}}\'',
+    )
     args = parser.parse_args(argv)
+    try:
+        analysis = json.loads(args.analysis)
+        check_analysis(analysis)
+    except ValueError as e:  # hand-written JSON (the rule passes what marlflow.matrix validated)
+        parser.exit(2, f"marlflow aggregate: error: --analysis {args.analysis!r}: {e}\n")
     try:
         metrics, _ = load_runs(args.runs)
     except (ValueError, FileNotFoundError) as e:
         parser.exit(2, f"marlflow aggregate: error: {e}\n")
-    paths = write_tables(build_tables(metrics), args.out)
+    paths = write_tables(build_tables(metrics, analysis), args.out)
     print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
     return 0
 

@@ -133,6 +133,9 @@ def schema() -> dict:
     ]:
         d[name]["enum"] = list(values)
     d["intervention_def"]["properties"]["kind"]["enum"] = list(C.INTERVENTION_KINDS)
+    d["intervention_analysis"]["properties"]["pair_by"]["items"]["enum"] = [
+        a for a in AXES if a != "intervention"
+    ]
     d["task"]["properties"] = _fields_schema(TaskSpec)
     d["grpo"]["properties"] = _fields_schema(GRPOParams)
     d["run"]["properties"] = _fields_schema(RunConfig, skip=NOT_RUN_LEVEL)
@@ -490,6 +493,7 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
                 f"Define it there (e.g. `{v}: {{kind: coherence, lam: 0.3, window: 128}}`; kinds: "
                 f"{', '.join(C.INTERVENTION_KINDS)}) or use one of: {', '.join(['none', *defined])}.",
             )
+    _check_analysis(out, preset, name)
     for axis, table in (("task", "tasks"), ("scale", "models")):
         for v in out["axes"][axis]:
             if v not in out[table]:
@@ -516,6 +520,40 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
     if n_runs > MAX_RUNS:
         _fail(f"{name}: presets.{preset}.axes", f"expands to {n_runs:,} runs, more than {MAX_RUNS:,}.")
     return out
+
+
+def _check_analysis(p: dict, preset: str, name: str) -> None:
+    """The preset's declared analyses name what it runs: the pooled intervention table's baseline and
+    compared interventions are values of its intervention axis (the baseline not among those compared), and
+    its pairs share every axis the preset varies (else a pair would cross cells). Raises MatrixError."""
+    ia = (p.get("analysis") or {}).get("interventions")
+    if ia is None:
+        return
+    where = f"{name}: presets.{preset}.analysis.interventions"
+    axis = p["axes"]["intervention"]
+    baseline = ia.get("baseline", "none")
+    for key, names in (("baseline", [baseline]), ("compare", ia["compare"])):
+        for v in names:
+            if v not in axis:
+                _fail(
+                    f"{where}.{key}",
+                    f"names {v!r}, which is not on the preset's intervention axis "
+                    f"({', '.join(axis)}).{_did_you_mean(v, axis)} Compare only what the preset runs: add it to "
+                    f"presets.{preset}.axes.intervention or drop it here.",
+                )
+    if baseline in ia["compare"]:
+        _fail(
+            f"{where}.compare",
+            f"lists the baseline {baseline!r}; an intervention is compared with it, not itself.",
+        )
+    varied = [a for a in AXES if a != "intervention" and len(p["axes"][a]) > 1]
+    missing = [a for a in varied if a not in ia.get("pair_by", varied)]
+    if missing:
+        _fail(
+            f"{where}.pair_by",
+            f"leaves out {', '.join(missing)}, which the preset varies: a pair would join runs of different "
+            f"{', '.join(missing)}. Add {', '.join(missing)} to pair_by.",
+        )
 
 
 def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> dict:
@@ -663,6 +701,12 @@ def _selected(path_or_dict, preset: str | None, overrides: dict | None):
         _fail(f"{name}: preset", _unknown_preset(preset, doc))
     p = resolve_preset(doc, preset, name)
     return doc, name, preset, p, _apply_overrides(p["axes"], overrides, ["none", *p["interventions"]])
+
+
+def analysis_of(path_or_dict, preset: str | None = None) -> dict:
+    """The preset's declared analyses (its `analysis:` block, after `extends`), {} when it declares none.
+    Read by rules/aggregate.smk, which hands them to marlflow.aggregate. Raises MatrixError."""
+    return _selected(path_or_dict, preset, None)[3].get("analysis") or {}
 
 
 def model_of(model: str, build: int) -> str:

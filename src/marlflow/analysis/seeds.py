@@ -130,35 +130,48 @@ def _differences(name: str, left: pd.DataFrame, right: pd.DataFrame, on: list[st
     return records
 
 
-POOLED_COLUMNS = ["intervention", "stat", "primary", "n_pairs", "n_cells", "mean", "lo", "hi", "ci_level",
-                  "verdict"]  # fmt: skip
+POOLED_COLUMNS = ["intervention", "baseline", "stat", "primary", "n_pairs", "n_cells", "mean", "lo", "hi",
+                  "ci_level", "correction", "verdict"]  # fmt: skip
 # The pooled intervention analysis's primary statistic when the preset declares none: terminal accuracy (mean
 # of the last 3 evals, on test problems nothing selected on), what an intervention against cliffs must keep.
 INTERVENTION_PRIMARY = "terminal_mean3"
+# The statistics it reports (matrix_schema.json's analysis.interventions.statistic lists the same).
 INTERVENTION_STATS = ("terminal_mean3", "gain_heldout", "cliff")
+CORRECTIONS = ("bonferroni", "none")  # over the compared interventions
 
 
 def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIMARY,
-                         interventions: list[str] | None = None, family_alpha: float = 0.05) -> pd.DataFrame:  # fmt: skip
-    """Each intervention minus no intervention, pooled over every cell and seed it ran in (POOLED_COLUMNS).
+                         interventions: list[str] | None = None, family_alpha: float = 0.05,
+                         baseline: str = "none", pair_by: list[str] | None = None,
+                         correction: str = "bonferroni") -> pd.DataFrame:  # fmt: skip
+    """Each intervention minus the baseline, pooled over every cell and replicate it ran in (POOLED_COLUMNS).
 
-    Pairs: an intervention's run and the `none` run of the same workflow, sharing, scale, task and replicate
-    (seed, and build where the runs carry one). The
-    mean paired difference of each stat (INTERVENTION_STATS, `primary` first) gets a t-interval over the
-    pairs, or Newcombe's paired score interval for the 0/1 cliff flag (stats.rate_diff_ci), at level
-    1 - family_alpha / m, m = the number of interventions compared (Bonferroni: all of the table's intervals
-    together cover with >= 95%). verdict, on the primary stat only: "positive" / "negative" when the
-    corrected interval excludes 0, else "inconclusive" (also with < 2 pairs or zero width); "" elsewhere.
-    interventions: the names to compare, as the preset declares them (default: every one present)."""
+    The arguments are the preset's declaration (matrix.yaml `analysis: {interventions: ...}`: compare =
+    `interventions`, statistic = `primary`, baseline, pair_by, correction), made before the runs.
+    Pairs: an intervention's run and the `baseline` run that agree on every `pair_by` column (default: workflow,
+    sharing, scale, task and the replicate, seed and build where the runs carry one). The mean paired
+    difference of each stat (INTERVENTION_STATS, `primary` first) gets a t-interval over the pairs, or
+    Newcombe's paired score interval for the 0/1 cliff flag (stats.rate_diff_ci), at level 1 - family_alpha / m
+    with correction "bonferroni", m = the number of interventions compared (all of the table's intervals
+    together cover with >= 95%), or 1 - family_alpha with "none". verdict, on the primary stat only:
+    "positive" / "negative" when the interval excludes 0, else "inconclusive" (also with < 2 pairs or zero
+    width); "" elsewhere. interventions: the names to compare (default: every one present but the baseline,
+    which is then no pre-declared family). An intervention declared but absent gets n_pairs 0, still counted
+    in m."""
+    if primary not in INTERVENTION_STATS:
+        raise ValueError(f"primary statistic {primary!r} is not one of {', '.join(INTERVENTION_STATS)}")
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction {correction!r} is not one of {', '.join(CORRECTIONS)}")
     s = summary[summary["n_evals"] > 0]
-    names = interventions or sorted(set(s["intervention"]) - {"none"})
-    level = 1 - family_alpha / max(len(names), 1)
+    names = interventions or sorted(set(s["intervention"]) - {baseline})
+    level = 1 - family_alpha / (max(len(names), 1) if correction == "bonferroni" else 1)
     stats = [primary, *(st for st in INTERVENTION_STATS if st != primary)]
-    same_cell = ["workflow", "sharing", "scale", "task", *replicate_keys(s)]
-    ref = s[s["intervention"] == "none"]
+    default = ["workflow", "sharing", "scale", "task", *replicate_keys(s)]
+    on = [c for c in (pair_by or default) if c in s.columns]
+    ref = s[s["intervention"] == baseline]
     records = []
     for name in names:
-        pairs = _paired(s[s["intervention"] == name], ref, same_cell)
+        pairs = _paired(s[s["intervention"] == name], ref, on)
         cells = int(pairs[["workflow", "sharing", "scale", "task"]].drop_duplicates().shape[0])
         for st in stats:
             if st == "cliff":
@@ -170,7 +183,7 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
             if st == primary:
                 ok = k >= 2 and math.isfinite(lo) and math.isfinite(hi) and hi - lo > 1e-12
                 v = "positive" if ok and lo > 0 else "negative" if ok and hi < 0 else "inconclusive"
-            records.append([name, st, st == primary, k, cells, m, lo, hi, level, v])
+            records.append([name, baseline, st, st == primary, k, cells, m, lo, hi, level, correction, v])
     out = pd.DataFrame.from_records(records, columns=POOLED_COLUMNS)
     out["n_pairs"] = out["n_pairs"].astype("int64")
     return out

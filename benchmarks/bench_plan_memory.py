@@ -365,8 +365,7 @@ def tokens(steps: int) -> None:
     import pandas as pd
     import torch
 
-    import marlflow.trainer as trainer_module
-    from marlflow import plan
+    from marlflow import plan, workflows
     from marlflow.config import RunConfig
     from marlflow.matrix import run_sheet
     from marlflow.train import build_trainer
@@ -385,16 +384,16 @@ def tokens(steps: int) -> None:
         for step in range(1, steps + 1):
             seen = []
 
-            def spy(*args, _real=trainer_module.rollout, _seen=seen, **kwargs):
+            def spy(*args, _real=workflows.rollout, _seen=seen, **kwargs):
                 out = _real(*args, **kwargs)
                 _seen.extend(out)
                 return out
 
-            real, trainer_module.rollout = trainer_module.rollout, spy
+            real, workflows.rollout = workflows.rollout, spy  # marlflow.rollout.train_episodes calls it
             try:
                 trainer.train_step(step)
             finally:
-                trainer_module.rollout = real
+                workflows.rollout = real
             m = pd.DataFrame(trainer.metric_rows)
             m = m[(m.split == "train") & (m.role != "all") & (m.step == step)]
             m = m.pivot_table(index="role", columns="metric", values="value")

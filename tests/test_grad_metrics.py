@@ -24,6 +24,7 @@ from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer
 from marlflow.trainer import EVAL_SEED_OFFSET
+from marlflow.update import flat_grad
 from marlflow.workflows import rollout
 
 
@@ -48,7 +49,7 @@ def _grad(trainer, policy, calls, adv, num_items, weight=1.0) -> torch.Tensor:
     params = trainer.params[policy]
     trainer.optimizers[policy].zero_grad(set_to_none=True)
     (trainer._compute_loss(trainer.model, trainer.collate(calls, adv, num_items)) * weight).backward()
-    flat = trainer._flat_grad(params).clone()
+    flat = flat_grad(params).clone()
     trainer.optimizers[policy].zero_grad(set_to_none=True)
     return flat
 

@@ -43,7 +43,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
     """One real training step per workflow (SP): the planner's prompt and completion tokens per role, given the
     step's logged mean completion lengths (and Eval-Opt's observed continuation, Orch-Workers' observed worker
     count: how many calls run is the policy's choice), within 10% of the logged."""
-    import marlflow.trainer as trainer_module
+    from marlflow import workflows
     from marlflow.train import build_trainer
 
     cfg = make_cfg(workflow=workflow, sharing="sp", steps=1, max_completion_length=16)
@@ -55,11 +55,11 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
         seen.extend(episodes)
         return episodes
 
-    real, trainer_module.rollout = trainer_module.rollout, spy
+    real, workflows.rollout = workflows.rollout, spy  # marlflow.rollout.train_episodes calls it
     try:
         trainer.train_step(1)
     finally:
-        trainer_module.rollout = real
+        workflows.rollout = real
     m = pd.DataFrame(trainer.metric_rows)
     m = m[(m.split == "train") & (m.role != "all")].pivot_table(
         index="role", columns="metric", values="value"
@@ -87,7 +87,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
 
 def test_planner_packs_chunks_as_the_trainer_does():
     """The planner's largest chunk is the largest of the trainer's own pieces for the same calls."""
-    from marlflow.trainer import _pieces
+    from marlflow.update import pieces
     from marlflow.workflows import Call
 
     cfg = _sheet_cfg("paper", "voting-sp-0.6b-math-s0")
@@ -103,8 +103,8 @@ def test_planner_packs_chunks_as_the_trainer_does():
             call.prompt_ids = [1] * chunk.prompt
             call.completion_ids = [2] * c.grpo.max_completion_length
             calls.append(call)
-        pieces = _pieces(list(range(len(calls))), calls, c.micro_batch_size, c.max_chunk_tokens)
-        assert max(len(p) for slot_pieces in pieces for p in slot_pieces) == chunk.calls, (mb, budget)
+        got = pieces(list(range(len(calls))), calls, c.micro_batch_size, c.max_chunk_tokens)
+        assert max(len(p) for slot_pieces in got for p in slot_pieces) == chunk.calls, (mb, budget)
 
 
 def test_activation_fit_reproduces_the_measured_widths():

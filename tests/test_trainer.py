@@ -18,7 +18,7 @@ from marlflow.metrics import METRIC_COLUMNS, validate_metrics
 from marlflow.tasks import Problem, register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer, run
-from marlflow.trainer import _pieces
+from marlflow.update import pieces
 from marlflow.workflows import Call, Episode, rollout
 
 
@@ -209,11 +209,11 @@ def test_pieces_sort_each_slot_by_length_and_cap_chunks():
         Call(role="r", slot=s, messages=[], prompt_ids=[0] * n, completion_ids=[0])
         for n, s in zip(lengths, slots)
     ]
-    pieces = _pieces(list(range(7)), calls, 2)
-    assert pieces == [[[3, 2], [5, 0]], [[1, 4]], [[6]]]  # g0 by length 1, 7, 8, 9; then g1; then agg
-    flat = [i for slot in pieces for piece in slot for i in piece]
+    got = pieces(list(range(7)), calls, 2)
+    assert got == [[[3, 2], [5, 0]], [[1, 4]], [[6]]]  # g0 by length 1, 7, 8, 9; then g1; then agg
+    flat = [i for slot in got for piece in slot for i in piece]
     assert sorted(flat) == list(range(7))
-    assert _pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]
+    assert pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]
 
 
 @pytest.mark.parametrize("dtype", ["model", "bfloat16"])
@@ -351,11 +351,11 @@ def test_token_budget_chunks_give_the_one_chunk_gradient(make_cfg, tmp_path, wor
     live = [i for i in range(len(calls)) if adv[i] != 0]
     widest = max(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
     budget = 2 * widest + 1  # at most two calls of the longest kind per chunk
-    pieces = [p for role in dict.fromkeys(c.role for c in calls)
-              for p in _pieces([i for i in live if calls[i].role == role], calls, 0, budget)]  # fmt: skip
-    assert max(len(slot) for slot in pieces) >= 2  # several chunks in a slot
-    assert max(len(chunk) for slot in pieces for chunk in slot) >= 2  # padded chunks (and shared prompts)
-    for slot in pieces:
+    chunks = [p for role in dict.fromkeys(c.role for c in calls)
+              for p in pieces([i for i in live if calls[i].role == role], calls, 0, budget)]  # fmt: skip
+    assert max(len(slot) for slot in chunks) >= 2  # several chunks in a slot
+    assert max(len(chunk) for slot in chunks for chunk in slot) >= 2  # padded chunks (and shared prompts)
+    for slot in chunks:
         for chunk in slot:
             width = max(len(calls[i].prompt_ids) for i in chunk) + max(
                 len(calls[i].completion_ids) for i in chunk

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,19 +42,21 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import algos, checkpoint, preempt
+from marlflow import checkpoint, preempt
 from marlflow import interventions as itv
+from marlflow import rollout as ro
+from marlflow import update as upd
 from marlflow.analysis.definitions import solution_marker
 from marlflow.base_eval import SharedBaseEval
 from marlflow.fastgen import use_gqa_sdpa
 from marlflow.generation import ChatEncoder, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, rows
-from marlflow.sampling import Sampling, distinct_rows
+from marlflow.sampling import distinct_rows
 from marlflow.tasks.solution_metrics import solution_metrics
 from marlflow.tasks.splits import run_splits
 from marlflow.trackers import Trackers
-from marlflow.workflows import Context, RolloutStopped, rollout
 from marlflow.workflows import eval_metrics as workflow_eval_metrics
+from marlflow.workflows import rollout
 from marlflow.workflows.spec import spec_of
 
 log = logging.getLogger("marlflow.trainer")
@@ -129,34 +130,6 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
     )
 
 
-def _pieces(ridx: list[int], calls, max_calls: int, max_tokens: int = 0) -> list[list[list[int]]]:
-    """A role's calls per slot (first-seen slot order), each slot sorted by length and cut into
-    forward-backward chunks of at most `max_calls` calls (0 = no cap) and at most `max_tokens` padded tokens
-    (0 = no budget): `algos.token_budget_chunks` with the width `collate` pads to, longest prompt + longest
-    completion (a chunk whose completions are all empty is one EOS token wider than counted).
-
-    Chunks stay within a slot because calls of one slot have similar lengths (little padding; Eval-Opt's
-    refinement prompts are ~5x its first prompt) and because each slot's gradient is measured. Sorting puts
-    calls of similar length in one chunk, so a chunk pads to its own longest call, not the slot's. Both are
-    exact: every chunk's loss carries its `role_loss_weight`, and gradients add up over chunks."""
-    by_slot: dict[str, list[int]] = defaultdict(list)
-    for i in ridx:
-        by_slot[calls[i].slot].append(i)
-    out = []
-    for idx in by_slot.values():
-        prompts = [len(calls[i].prompt_ids) for i in idx]
-        lengths = [p + len(calls[i].completion_ids) for p, i in zip(prompts, idx)]
-        chunks = algos.token_budget_chunks(lengths, max_calls, max_tokens, prompt_lengths=prompts)
-        out.append([[idx[k] for k in chunk] for chunk in chunks])
-    return out
-
-
-def _finite(d: dict, **values: float) -> None:
-    """Set the finite values in `d`; a metric that is undefined this step (NaN: a zero gradient, fewer than
-    two slots with a gradient) is left out rather than logged as NaN."""
-    d.update({k: float(v) for k, v in values.items() if math.isfinite(v)})
-
-
 class MultiAgentGRPOTrainer(GRPOTrainer):
     """GRPO over workflow episodes with one LoRA adapter per policy on one frozen base model.
 
@@ -224,13 +197,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def problems_for(self, step: int):
         """The step's problems: a pure function of (seed, step), so a resumed run sees the same data."""
-        rng = random.Random(f"{self.cfg.seed}-{step}")
-        return rng.sample(self.train_problems, min(self.cfg.grpo.problems_per_step, len(self.train_problems)))
+        return ro.step_problems(self.train_problems, self.cfg.seed, step, self.cfg.grpo.problems_per_step)
 
-    def _ctx(self, temperature: float, timer=None, seed: int | None = None, policy_of=None) -> Context:
-        g = self.cfg.grpo
-        sampling = Sampling(temperature, g.top_p, g.max_completion_length, seed)
-        return Context(self.cfg, self.task.kind, self.backend, self.encoder, sampling, timer, policy_of)
+    def _ctx(self, temperature: float, timer=None, seed: int | None = None, policy_of=None):
+        return ro.context(
+            self.cfg, self.task, self.backend, self.encoder, temperature, timer, seed, policy_of
+        )
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -327,28 +299,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ one training step
 
     def flatten(self, episodes):
-        """Episodes -> (calls, rewards (N,), advantages (N,), group index (N,), group std (K,))."""
-        calls, keys, rewards = [], [], []
-        for e in episodes:
-            for c in e.calls:
-                calls.append(c)
-                keys.append((e.problem.uid, c.slot))
-                rewards.append(e.reward)  # final-outcome credit: every role call gets the episode reward
-        index, _ = algos.group_ids(keys)
-        algos.check_groups(
-            index,
-            [k[0] for k in keys],
-            [c.role for c in calls],
-            [e.problem.task for e in episodes for _ in e.calls],
-            slots=[c.slot for c in calls],
-            rollouts=[e.rollout for e in episodes for _ in e.calls],
-            prompt_ids=[c.prompt_ids for c in calls],
-            group_size=self.cfg.grpo.group_size,
-            workflow=self.cfg.workflow,
-        )
-        r = torch.tensor(rewards, dtype=torch.float32)
-        adv, std = algos.group_advantages(r, index)
-        return calls, r, adv, index, std
+        """Episodes -> (calls, rewards (N,), advantages (N,), group index (N,), group std (K,)): rollout.flatten."""
+        b = ro.flatten(self.cfg, episodes)
+        return b.calls, b.rewards, b.advantages, b.index, b.std
 
     def collate(self, calls, advantages: torch.Tensor, num_items: int) -> dict:
         """Role calls -> the input dict TRL's `_compute_loss` expects (prompts left-, completions right-padded)."""
@@ -382,20 +335,27 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             )
         return logps.detach()
 
-    def _set_flat_grad(self, params, flat: torch.Tensor) -> None:
-        i = 0
-        for p in params:
-            p.grad = flat[i : i + p.numel()].view_as(p).to(p.dtype).clone()
-            i += p.numel()
-
-    def _flat_grad(self, params) -> torch.Tensor:
-        return torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten() for p in params]
-        )
+    def piece_loss(self, pcalls, adv: torch.Tensor, tok_pol: int, weight: float, beta: float) -> upd.Piece:
+        """One chunk's GRPO loss (TRL's `_compute_loss`) times `weight`, with the chunk's entropy, clip ratio,
+        KL (beta > 0: a KL term to the base model, whose log-probs `_ref_logps` supplies) and rollout-trainer
+        log-prob gap; marlflow.update runs it for every chunk. adv: (n,) the chunk's advantages."""
+        inputs = self.collate(pcalls, adv, tok_pol)
+        if beta:
+            inputs["ref_per_token_logps"] = self._ref_logps(inputs)
+        self.beta = beta  # read by TRL's _compute_loss
+        try:
+            loss = self._compute_loss(self.model, inputs) * weight
+        finally:
+            self.beta = 0.0
+        m, n = self._metrics["train"], len(pcalls)
+        kl = m["kl"].pop() * n if beta else None
+        gap, gap_n = self._logp_gap(pcalls)
+        clip = m.get("clip_ratio/region_mean", [0.0])[-1] * n
+        return upd.Piece(loss, m["entropy"].pop() * n, clip, kl, gap, gap_n)
 
     def update(self, calls, adv: torch.Tensor, metrics: bool = True) -> dict:
         """Per-policy backward with per-role and per-slot gradient accounting, per-policy clipping; optimizer
-        steps.
+        steps (marlflow.update). adv: (N,) one advantage per call.
 
         Returns per-role stats {role: {...}} and workflow stats under "all". If any loss or gradient is not
         finite, no parameter changes, the gradient EMAs stay as they were, stats["all"]["nan_skipped"] == 1,
@@ -405,173 +365,30 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         role: per-slot gradients, proj_share, cos_others, slot_amplification / slot_cos and the EMA (ema_cos).
         """
         self.backend.before_update()  # vLLM sleeps (weights to CPU, KV dropped) until the next generate
-        cfg, g = self.cfg, self.cfg.grpo
         stats: dict[str, dict] = defaultdict(dict)
-        total_loss, finite, policy_norms = 0.0, True, {}
-        roles_of: dict[str, list[str]] = {}
-        own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r), for the EMA once all is finite
-        active = cfg.intervention_spec["kind"] != "none"
-        itv_own: dict[str, tuple[torch.Tensor, float]] = {}  # role -> (g_r, f_r) for the intervention
-        for policy in cfg.policies:
+        finite, norms, done = True, {}, []
+        for policy in self.cfg.policies:
             if not finite:  # the step is discarded: no later policy's backward is run
                 break
-            idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
-            if not idx:
+            pg = upd.policy_backward(self, self.cfg, policy, self.params[policy], calls, adv, metrics)
+            if pg is None:
                 continue
-            self.model.set_adapter(policy)  # PEFT: only the active adapter requires grad
-            self.model.train()
-            params = self.params[policy]
-            self.optimizers[policy].zero_grad(set_to_none=True)
-            n_pol = len(idx)
-            tok_pol = sum(len(calls[i].completion_ids) for i in idx)
-            prev = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
-            role_grads: dict[str, torch.Tensor] = {}
-            role_slots: dict[str, list[str]] = {}
-            for role in dict.fromkeys(calls[i].role for i in idx):
-                if not finite:  # nor any later role's
-                    break
-                ridx = [i for i in idx if calls[i].role == role]
-                role_slots[role] = list(dict.fromkeys(calls[i].slot for i in ridx))
-                role_loss, ent, clip, gap, gap_n, kl = 0.0, [], [], 0.0, 0, []
-                beta = itv.role_beta(cfg.intervention_spec, role, g.beta)
-                # A call with zero advantage adds exactly nothing to the GRPO loss (no KL term is used with
-                # beta=0, the default everywhere here), so it is not run; the weights below are computed on
-                # the calls that are, which keeps every loss type's normalisation exact. A slot (or a whole
-                # role) whose calls all have zero advantage therefore has no gradient this step.
-                # With a KL term (beta > 0) every call has a gradient, so all of them run.
-                live = [i for i in ridx if adv[i] != 0] if beta == 0 else ridx
-                start, slot_grads, ok = prev, [], True
-                for slot_pieces in _pieces(live, calls, cfg.micro_batch_size, cfg.max_chunk_tokens):
-                    for piece in slot_pieces:
-                        pcalls = [calls[i] for i in piece]
-                        tok = sum(len(c.completion_ids) for c in pcalls)
-                        inputs = self.collate(pcalls, adv[piece], tok_pol)
-                        w = algos.role_loss_weight(g.loss_type, len(piece), n_pol, tok, tok_pol)
-                        if beta:
-                            inputs["ref_per_token_logps"] = self._ref_logps(inputs)
-                        self.beta = beta  # read by TRL's _compute_loss
-                        try:
-                            loss = self._compute_loss(self.model, inputs) * w
-                        finally:
-                            self.beta = 0.0
-                        if beta:
-                            kl.append(self._metrics["train"]["kl"].pop() * len(piece))
-                        piece_gap, piece_n = self._logp_gap(pcalls)
-                        gap, gap_n = gap + piece_gap, gap_n + piece_n
-                        ent.append(self._metrics["train"]["entropy"].pop() * len(piece))
-                        clip.append(
-                            self._metrics["train"].get("clip_ratio/region_mean", [0.0])[-1] * len(piece)
-                        )
-                        if not torch.isfinite(loss):
-                            finite = ok = False
-                            break
-                        loss.backward()
-                        role_loss += loss.item()
-                    if not ok:
-                        break
-                    if metrics:
-                        flat = self._flat_grad(params)
-                        slot_grads.append(flat - prev)
-                        prev = flat
-                if not metrics:
-                    prev = self._flat_grad(params)
-                g_r = prev - start  # = sum of its slots' gradients
-                # f_r: the role's share of the policy's loss normaliser over all its calls (zero-advantage
-                # ones included, as in the whole-batch loss); ||g_r|| / f_r is the norm of the role's own
-                # mean-loss gradient, the same number under SP and IP. f_r = 0 only when the role produced
-                # no completion tokens (bnpo/dapo), and then g_r = 0 as well.
-                tok_r = sum(len(calls[i].completion_ids) for i in ridx)
-                f = algos.own_scale(g.loss_type, len(ridx), n_pol, tok_r, tok_pol)
-                pre = g_r.norm().item()
-                stats[role].update(
-                    loss=role_loss,
-                    grad_norm=pre / f if f > 0 else 0.0,
-                    grad_contrib_pre=pre,
-                    live_frac=len(live) / len(ridx),
-                )
-                if len(slot_grads) >= 2:  # parallel same-role calls (Voting, Orch-Workers), Eval-Opt rounds
-                    _finite(
-                        stats[role],
-                        slot_amplification=algos.slot_amplification(slot_grads),
-                        slot_cos=algos.mean_pairwise_cosine(slot_grads),
-                    )
-                del slot_grads
-                if live:  # entropy and clipping of the calls that were run (with nonzero advantage)
-                    stats[role].update(entropy=sum(ent) / len(live), clip_frac=sum(clip) / len(live))
-                if kl:  # k3 KL to the base model, mean over the role's calls
-                    stats[role]["kl"] = sum(kl) / len(live)
-                if gap_n:  # rollout-trainer agreement over the sampled tokens of those calls
-                    stats[role]["logp_gap"] = gap / gap_n
-                    self._warn_gap(role, gap / gap_n)
-                roles_of.setdefault(policy, []).append(role)
-                if metrics or active:
-                    role_grads[role] = g_r
-                if metrics:
-                    own[role] = (g_r, f)
-                if active:
-                    itv_own[role] = (g_r, f)
-                total_loss += role_loss
-            for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            raw = prev
-            if finite and active:
-                # The intervention hook: after every role's backward, before clipping. The metrics above
-                # describe the raw role gradients; itv_scale says what the intervention did with them.
-                scales = itv.role_scales(
-                    cfg.intervention_spec, self.itv, cfg.workflow, role_grads,
-                    {r: itv_own[r][1] for r in role_grads}, role_slots,
-                )  # fmt: skip
-                for role, sc in scales.items():
-                    stats[role]["itv_scale"] = sc
-                if any(sc != 1.0 for sc in scales.values()):
-                    prev = torch.stack([scales[r] * g_r for r, g_r in role_grads.items()]).sum(0)
-                    self._set_flat_grad(params, prev)
-            policy_norms[policy] = prev.norm().item()
-            finite = finite and math.isfinite(policy_norms[policy])
-            if finite and metrics:
-                for role, v in algos.projection_shares(role_grads).items():
-                    _finite(stats[role], proj_share=v)
-                if len(role_grads) >= 2:  # SP: does a role pull with or against the rest of its policy?
-                    for role, g_r in role_grads.items():
-                        _finite(stats[role], cos_others=algos.cosine(g_r, raw - g_r))
-            del role_grads
+            # Data-parallel hook (issue 27): all-reduce `pg` over the ranks here, before any metric, the
+            # intervention or clipping reads a gradient (what to sum: marlflow.update.PolicyGrad).
+            norms[policy] = upd.finish_policy(pg, self.cfg, self.itv, stats, metrics)
+            finite = pg.finite and math.isfinite(norms[policy])
+            done.append(pg)
+            for role in pg.roles:
+                if "logp_gap" in stats[role]:
+                    self._warn_gap(role, stats[role]["logp_gap"])
         self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
         stats["all"]["nan_skipped"] = float(not finite)
         if not finite:
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
             return stats
-        for role, (g_r, f) in own.items():  # coherence: the role's own-loss gradient against its history
-            if f > 0:
-                ema = self.grad_ema.get(role)
-                ema, cos = algos.ema_update(
-                    None if ema is None else ema.to(g_r.device), g_r / f, g.grad_ema_window
-                )
-                if ema is not None:
-                    self.grad_ema[role] = ema
-                _finite(stats[role], ema_cos=cos)
-        itv.commit(cfg.intervention_spec, self.itv, {r: v[0] for r, v in itv_own.items()},
-                   {r: v[1] for r, v in itv_own.items()})  # fmt: skip
-        del own, itv_own
-        post = {}
-        for policy in policy_norms:
-            c = algos.clip_coef(policy_norms[policy], g.max_grad_norm)
-            for role in roles_of[policy]:
-                post[role] = c * stats[role].get("itv_scale", 1.0) * stats[role]["grad_contrib_pre"]
-                stats[role].update(clip_coef=c, grad_contrib_post=post[role])
-            torch.nn.utils.clip_grad_norm_(self.params[policy], g.max_grad_norm)
-            self.optimizers[policy].step()
-            self.schedulers[policy].step()
-            self.optimizers[policy].zero_grad(set_to_none=True)
+        upd.apply_step(self, done, norms, stats, metrics)
         self.backend.on_update()
-        for role, v in algos.grad_shares(post).items():  # shares of the applied (clipped) update
-            stats[role]["grad_share"] = v
-        stats["all"].update(
-            loss=total_loss,
-            grad_norm=math.sqrt(sum(v * v for v in policy_norms.values())),
-            lr=self.schedulers[cfg.policies[0]].get_last_lr()[0],
-        )
         return stats
 
     def _warn_gap(self, role: str, gap: float) -> None:
@@ -590,74 +407,47 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         timer = defaultdict(float)
         calls_before = self.backend.calls
         rng = checkpoint.rng_state()  # the step's start, for an abandoned rollout to go back to
-        # Rollout seed: a pure function of (seed, step); only backends with their own RNG (vLLM) use it.
-        ctx = self._ctx(self.cfg.grpo.temperature, timer, seed=self.cfg.seed * 100_003 + step)
+        ctx = self._ctx(self.cfg.grpo.temperature, timer, seed=ro.rollout_seed(self.cfg.seed, step))
         ctx.should_stop = preempt.requested  # checked before each stage of the rollout
-        try:
-            episodes = rollout(self.cfg, self.task, self.problems_for(step), ctx, self.cfg.grpo.group_size)
-        except RolloutStopped:
-            episodes = None
+        episodes = ro.train_episodes(self.cfg, self.task, self.problems_for(step), ctx)
         if episodes is None or preempt.requested():  # the update has not started: undo the rollout
             self._undo_rollout(rng, calls_before)
             return False
-        calls, r, adv, index, std = self.flatten(episodes)
+        batch = ro.flatten(self.cfg, episodes)
         t1 = time.perf_counter()
-        stats = self.update(calls, adv, metrics=step % self.cfg.grpo.grad_metrics_every == 0)
-        t_backward = time.perf_counter() - t1
-        if stats["all"]["nan_skipped"]:
-            self.nan_streak += 1
-            log.warning(
-                "step %d: non-finite loss or gradient; step skipped (%d in a row)", step, self.nan_streak
-            )
-            if self.nan_streak >= self.cfg.grpo.max_nan_steps:
-                raise NaNLossError(
-                    f"{self.nan_streak} consecutive steps had a non-finite loss or gradient (last: step {step}); "
-                    f"stopping. The last good checkpoint is kept in {self.out_dir / 'checkpoints'}. Lower "
-                    "grpo.learning_rate or grpo.max_grad_norm, or check the model dtype, then rerun to resume."
-                )
-        else:
-            self.nan_streak = 0
-        zero_group = (std == 0) | torch.isnan(std)
-        for role in dict.fromkeys(c.role for c in calls):
-            sel = [i for i, c in enumerate(calls) if c.role == role]
-            groups = index[sel].unique()
-            lengths = [len(calls[i].completion_ids) for i in sel]
-            values = {
-                "samples": len(sel),
-                "tokens": sum(lengths),
-                "prompt_tokens": sum(len(calls[i].prompt_ids) for i in sel),  # marlflow.plan checks its model
-                "reward_mean": r[sel].mean().item(),
-                "advantage_mean": adv[sel].mean().item(),
-                "advantage_std": adv[sel].std().item() if len(sel) > 1 else 0.0,
-                "zero_adv_group_frac": zero_group[groups].float().mean().item(),
-                "completion_length": sum(lengths) / len(sel),
-                "format_failure_rate": sum(calls[i].format_failure for i in sel) / len(sel),
-                **stats.get(role, {}),
-            }
-            self.metric_rows += rows(self.cfg.factors, step, "train", role, values)
-        step_time = time.perf_counter() - t0
-        self.metric_rows += rows(
-            self.cfg.factors,
-            step,
-            "train",
-            "all",
-            {
-                "reward_mean": sum(e.reward for e in episodes) / len(episodes),
-                **stats["all"],
-                "step_time": step_time,
-                "time_generate": timer["generate"],
-                "time_score": timer["score"],
-                "time_backward": t_backward,
-                "time_other": step_time - timer["generate"] - timer["score"] - t_backward,
-                "generate_calls": self.backend.calls - calls_before,
-            },
+        stats = self.update(
+            batch.calls, batch.advantages, metrics=step % self.cfg.grpo.grad_metrics_every == 0
         )
-        self.last_step = {
-            "reward": sum(e.reward for e in episodes) / len(episodes),
-            "live": float((adv != 0).float().mean()) if len(adv) else 0.0,
-            "seconds": step_time,
-        }
+        t_backward = time.perf_counter() - t1
+        self._count_nan(step, stats["all"]["nan_skipped"])
+        self.metric_rows += ro.train_rows(self.cfg, step, batch, stats)
+        step_time = time.perf_counter() - t0
+        reward = sum(e.reward for e in episodes) / len(episodes)
+        self.metric_rows += rows(self.cfg.factors, step, "train", "all", {
+            "reward_mean": reward, **stats["all"], "step_time": step_time, "time_generate": timer["generate"],
+            "time_score": timer["score"], "time_backward": t_backward,
+            "time_other": step_time - timer["generate"] - timer["score"] - t_backward,
+            "generate_calls": self.backend.calls - calls_before,
+        })  # fmt: skip
+        adv = batch.advantages
+        self.last_step = {"reward": reward, "live": float((adv != 0).float().mean()) if len(adv) else 0.0,
+                          "seconds": step_time}  # fmt: skip
         return True
+
+    def _count_nan(self, step: int, skipped: float) -> None:
+        """Count consecutive steps skipped for a non-finite loss or gradient; raise NaNLossError at
+        grpo.max_nan_steps of them (the last good checkpoint stays)."""
+        if not skipped:
+            self.nan_streak = 0
+            return
+        self.nan_streak += 1
+        log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, self.nan_streak)
+        if self.nan_streak >= self.cfg.grpo.max_nan_steps:
+            raise NaNLossError(
+                f"{self.nan_streak} consecutive steps had a non-finite loss or gradient (last: step {step}); "
+                f"stopping. The last good checkpoint is kept in {self.out_dir / 'checkpoints'}. Lower "
+                "grpo.learning_rate or grpo.max_grad_norm, or check the model dtype, then rerun to resume."
+            )
 
     def _undo_rollout(self, rng: dict, calls_before: int) -> None:
         """Put back what a rollout changed: the RNG states (HF sampling draws from torch's; `rng` is

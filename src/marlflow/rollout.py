@@ -1,0 +1,127 @@
+"""The rollout half of a training step: the step's problems -> workflow episodes -> role calls with advantages.
+
+    problems = step_problems(train, seed, step, n)          # a pure function of (seed, step): resume needs no state
+    episodes = workflows.rollout(cfg, task, problems, ctx, G)  # G episodes per problem, batched per stage
+    batch    = flatten(cfg, episodes)                        # every role call, its episode's reward, GRPO advantage
+    rows     = train_rows(cfg, step, batch, stats)           # the step's per-role train metrics
+
+A problem's whole group (its G episodes) is rolled out together and its advantages read only that group
+(algos.group_advantages over (problem, slot) groups), so a data-parallel rank can roll out a disjoint share of
+the step's problems (`share`) and flatten its own episodes without any communication; only the update's
+gradients need summing (marlflow.update, PolicyGrad). Used by marlflow.trainer; what the metrics mean:
+marlflow.analysis.definitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+
+from marlflow import algos, workflows
+from marlflow.metrics import rows
+from marlflow.sampling import Sampling
+
+
+def step_problems(train_problems: list, seed: int, step: int, n: int) -> list:
+    """The step's `n` problems (all when fewer): a pure function of (seed, step), so a resumed run sees the
+    same data."""
+    rng = random.Random(f"{seed}-{step}")
+    return rng.sample(train_problems, min(n, len(train_problems)))
+
+
+def share(problems: list, rank: int, world: int) -> list:
+    """Rank `rank`'s disjoint share of the step's problems out of `world` ranks (every world-th from `rank`):
+    each problem, and so its whole group, on exactly one rank. world 1: all of them, in order."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}) for {world} ranks, got {rank}")
+    return problems[rank::world]
+
+
+def rollout_seed(seed: int, step: int) -> int:
+    """The training rollout's sampling seed: a pure function of (seed, step); only backends with their own
+    RNG (vLLM) read it, HF sampling draws from torch's generator."""
+    return seed * 100_003 + step
+
+
+def context(cfg, task, backend, encoder, temperature: float, timer=None, seed=None, policy_of=None):
+    """A workflows.Context for one rollout: the run's sampling settings at `temperature`; timer: a dict that
+    collects generate / score seconds; policy_of: role -> policy override (None: cfg.policy_of)."""
+    g = cfg.grpo
+    sampling = Sampling(temperature, g.top_p, g.max_completion_length, seed)
+    return workflows.Context(cfg, task.kind, backend, encoder, sampling, timer, policy_of)
+
+
+def train_episodes(cfg, task, problems: list, ctx) -> list | None:
+    """G = grpo.group_size episodes per problem; None when `ctx.should_stop` stopped the rollout."""
+    try:
+        return workflows.rollout(cfg, task, problems, ctx, cfg.grpo.group_size)
+    except workflows.RolloutStopped:
+        return None
+
+
+@dataclasses.dataclass
+class Batch:
+    """A step's role calls (N of them, K groups): calls; rewards (N,) each call's episode reward
+    (final-outcome credit); advantages (N,); index (N,) each call's (problem, slot) group; std (K,) each
+    group's reward standard deviation; episodes: what they came from."""
+
+    episodes: list
+    calls: list
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    index: torch.Tensor
+    std: torch.Tensor
+
+
+def flatten(cfg, episodes: list) -> Batch:
+    """Episodes -> their role calls with GRPO advantages within (problem, slot) groups; check_groups() asserts
+    that no group mixes problems, roles, tasks or prompts and that each has grpo.group_size calls."""
+    calls, keys, rewards = [], [], []
+    for e in episodes:
+        for c in e.calls:
+            calls.append(c)
+            keys.append((e.problem.uid, c.slot))
+            rewards.append(e.reward)  # final-outcome credit: every role call gets the episode reward
+    index, _ = algos.group_ids(keys)
+    algos.check_groups(
+        index,
+        [k[0] for k in keys],
+        [c.role for c in calls],
+        [e.problem.task for e in episodes for _ in e.calls],
+        slots=[c.slot for c in calls],
+        rollouts=[e.rollout for e in episodes for _ in e.calls],
+        prompt_ids=[c.prompt_ids for c in calls],
+        group_size=cfg.grpo.group_size,
+        workflow=cfg.workflow,
+    )
+    r = torch.tensor(rewards, dtype=torch.float32)
+    adv, std = algos.group_advantages(r, index)
+    return Batch(episodes, calls, r, adv, index, std)
+
+
+def train_rows(cfg, step: int, batch: Batch, stats: dict) -> list[dict]:
+    """The step's per-role train metric rows: samples, tokens, rewards, advantages, the share of groups
+    without reward variance, lengths, format failures, and the role's update stats (marlflow.update)."""
+    calls, r, adv, index = batch.calls, batch.rewards, batch.advantages, batch.index
+    zero_group = (batch.std == 0) | torch.isnan(batch.std)
+    out = []
+    for role in dict.fromkeys(c.role for c in calls):
+        sel = [i for i, c in enumerate(calls) if c.role == role]
+        groups = index[sel].unique()
+        lengths = [len(calls[i].completion_ids) for i in sel]
+        values = {
+            "samples": len(sel),
+            "tokens": sum(lengths),
+            "prompt_tokens": sum(len(calls[i].prompt_ids) for i in sel),  # marlflow.plan checks its model
+            "reward_mean": r[sel].mean().item(),
+            "advantage_mean": adv[sel].mean().item(),
+            "advantage_std": adv[sel].std().item() if len(sel) > 1 else 0.0,
+            "zero_adv_group_frac": zero_group[groups].float().mean().item(),
+            "completion_length": sum(lengths) / len(sel),
+            "format_failure_rate": sum(calls[i].format_failure for i in sel) / len(sel),
+            **stats.get(role, {}),
+        }
+        out += rows(cfg.factors, step, "train", role, values)
+    return out

@@ -67,18 +67,11 @@ def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
     return {name: markdown_table(df, index=False) for name, df in shown.items()}
 
 
-def collect(experiment: str, results: Path, command: str, out_root: Path = EVIDENCE) -> Path:
-    """Copy an experiment's data (results/runs/*/metrics.parquet, results/tables/summary.parquet) into
-    out_root/experiment with provenance.json, then render its tables. Returns the folder."""
-    import torch
-
-    from marlflow.analysis.io import load_runs
-
+def _source(results: Path) -> tuple[list[Path], list[dict], dict, str]:
+    """(metrics paths, run configs, model -> weights hash, commit) of one results/ folder."""
     runs = sorted((results / "runs").glob("*/metrics.parquet"))
-    metrics, _ = load_runs(runs)
-    out = out_root / experiment
-    atomic_write_parquet(validate_metrics(metrics), out / "metrics.parquet")
-    atomic_write_parquet(pd.read_parquet(results / "tables" / "summary.parquet"), out / "summary.parquet")
+    if not runs:
+        raise FileNotFoundError(f"{results}/runs/*/metrics.parquet: no runs there; pass the results/ folder")
     configs = [json.loads((p.parent / "config.json").read_text()) for p in runs]
     warm = {}
     for cfg in configs:
@@ -87,11 +80,46 @@ def collect(experiment: str, results: Path, command: str, out_root: Path = EVIDE
             warm[cfg["model"]] = json.loads(w.read_text()).get("weights_sha256", "")
     commit = subprocess.run(["git", "-C", str(results.parent), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()  # fmt: skip
+    return runs, configs, warm, commit
+
+
+def collect(experiment: str, results: Path | list[Path], command: str, out_root: Path = EVIDENCE) -> Path:
+    """Copy an experiment's data (results/runs/*/metrics.parquet of one or several results/ folders) into
+    out_root/experiment with provenance.json, then render its tables. Returns the folder.
+
+    One folder: its pipeline's results/tables/summary.parquet is copied and provenance names its commit.
+    Several (runs of one experiment trained in several checkouts, e.g. toy_seeds' build 0 and build 1):
+    the summary is computed from the pooled metrics here, and provenance lists each folder's commit and runs
+    under `sources` (`commit` lists them all)."""
+    import torch
+
+    from marlflow.analysis import summarize_runs
+    from marlflow.analysis.io import load_runs
+
+    folders = [results] if isinstance(results, Path | str) else list(results)
+    sources = [(Path(f), *_source(Path(f))) for f in folders]
+    runs = [p for src in sources for p in src[1]]
+    configs = [c for src in sources for c in src[2]]
+    warm = {k: v for src in sources for k, v in src[3].items()}
+    metrics, _ = load_runs(runs)
+    out = out_root / experiment
+    atomic_write_parquet(validate_metrics(metrics), out / "metrics.parquet")
+    if len(sources) == 1:
+        summary = pd.read_parquet(sources[0][0] / "tables" / "summary.parquet")
+    else:
+        summary = summarize_runs(validate_metrics(metrics))
+    atomic_write_parquet(summary, out / "summary.parquet")
+    commits = list(dict.fromkeys(src[4] for src in sources))
+    extra = {}
+    if len(sources) > 1:
+        extra["sources"] = [{"results": str(f), "commit": c, "runs": [json.loads((p.parent / "config.json")
+                            .read_text())["run_id"] for p in r]} for f, r, _, _, c in sources]  # fmt: skip
     atomic_write_json(
         out / "provenance.json",
         {
             "experiment": experiment,
-            "commit": commit,
+            "commit": commits[0] if len(commits) == 1 else commits,
+            **extra,
             "command": command,
             "runs": [c["run_id"] for c in configs],
             "weights_sha256": warm,
@@ -142,7 +170,9 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("collect", help="copy an experiment's results into results/evidence/<experiment>")
     c.add_argument("experiment")
-    c.add_argument("--results", type=Path, required=True, help="the results/ folder the runs wrote")
+    c.add_argument("--results", type=Path, required=True, nargs="+",
+                   help="the results/ folder(s) the runs wrote (several: runs of one experiment made in several "
+                   "checkouts; each one's commit is recorded)")  # fmt: skip
     c.add_argument("--command", required=True, help="the command that made the runs, for provenance.json")
     r = sub.add_parser("render", help="regenerate results/evidence/<experiment>/tables/*.md")
     r.add_argument("experiment")

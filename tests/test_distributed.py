@@ -141,11 +141,13 @@ def _cfg(**run):
 
 
 def test_config_ranks():
-    from marlflow.config import ConfigError, RunConfig
+    from marlflow.config import ConfigError, RunConfig, config_fingerprint
 
     assert _cfg().ranks == 1 and "ranks" not in _cfg().to_dict()  # config.json of 1-rank runs is unchanged
     two = _cfg(ranks=2)
     assert two.to_dict()["ranks"] == 2 and RunConfig.from_dict(two.to_dict()) == two
+    # Part of the training identity: a checkpoint of another rank count is not resumed from (docs/slurm.md).
+    assert config_fingerprint(two.to_dict()) != config_fingerprint(_cfg().to_dict())
     with pytest.raises(ConfigError, match="ranks is 5 but grpo.problems_per_step is 4"):
         _cfg(ranks=5)
     with pytest.raises(ConfigError, match="ranks 2 needs an explicit device"):

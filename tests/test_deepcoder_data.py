@@ -14,7 +14,7 @@ import pytest
 
 from marlflow.config import TaskSpec
 from marlflow.tasks import get_task
-from marlflow.tasks.math import DataError
+from marlflow.tasks.datasets import DataError
 
 DATA = Path(__file__).resolve().parent / "data" / "deepcoder"
 ROWS_FILE = DATA / "primeintellect.jsonl"

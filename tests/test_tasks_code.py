@@ -11,8 +11,8 @@ import pytest
 
 from marlflow import sandbox
 from marlflow.config import TaskSpec
-from marlflow.tasks import get_task
-from marlflow.tasks import math as mathtasks
+from marlflow.tasks import Problem, get_task
+from marlflow.tasks import datasets as task_data
 from marlflow.tasks.code import MBPP_SPLITS, extract_code
 from marlflow.tasks.deepcoder_runtime import deepcoder_tests
 
@@ -58,7 +58,7 @@ def test_mbpp_reference_solutions_pass_and_stubs_fail():
     problems = task.load("train", spec) + task.load("test", spec)
     rows = [json.loads(x) for x in MBPP_FILE.read_text().splitlines()]
     extra = [r for r in rows if r["task_id"] < 11 or 511 <= r["task_id"] <= 600]
-    problems += [mathtasks.Problem(f"mbpp/{r['task_id']}", "mbpp", "code", "", r["code"],
+    problems += [Problem(f"mbpp/{r['task_id']}", "mbpp", "code", "", r["code"],
                                    tests=(r["test_setup_code"] + "\n" if r["test_setup_code"] else "") + "\n".join(r["test_list"]))
                  for r in extra]  # fmt: skip
     assert len(problems) == 974
@@ -83,7 +83,7 @@ def test_mbpp_splits_from_one_file_and_from_hub():
         return [r for r in rows if lo <= r["task_id"] <= hi]
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(mathtasks, "HUB_LOAD_DATASET", fake_load_dataset)
+    mp.setattr(task_data, "HUB_LOAD_DATASET", fake_load_dataset)
     try:
         hub_test = task.load("test", TaskSpec(name="mbpp"))
     finally:
@@ -159,7 +159,7 @@ def test_deepcoder_hub_path_and_test_encoding():
         return rows
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(mathtasks, "HUB_LOAD_DATASET", fake)
+    mp.setattr(task_data, "HUB_LOAD_DATASET", fake)
     try:
         task = get_task("deepcoder")
         task.test_count = 5

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from marlflow.config import TaskSpec
+from marlflow.tasks import datasets as task_data
 from marlflow.tasks import get_task
-from marlflow.tasks import math as mt
 from marlflow.tasks.math import last_boxed, math_equal, parse_number
 
 DATA = Path(__file__).parent / "data"
@@ -158,7 +158,7 @@ def test_dapo_split_matches_datasets_train_test_split(tmp_path):
         return rows
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(mt, "HUB_LOAD_DATASET", fake)
+    mp.setattr(task_data, "HUB_LOAD_DATASET", fake)
     try:
         hub_test = task.load("test", TaskSpec(name="dapo_math"))
     finally:
@@ -191,7 +191,7 @@ def test_hub_path_for_gsm8k_and_parquet(tmp_path):
         return pd.read_parquet(tmp_path / f"{split}.parquet").to_dict("records")
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(mt, "HUB_LOAD_DATASET", fake)
+    mp.setattr(task_data, "HUB_LOAD_DATASET", fake)
     try:
         hub = get_task("gsm8k").load("test", TaskSpec(name="gsm8k"))
     finally:

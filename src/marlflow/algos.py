@@ -2,8 +2,8 @@
 
 Shapes: N = role calls in a step (all episodes, all slots); G = rollouts per problem; D = parameters of one
 policy (flattened). A GRPO group is one (problem, slot) pair across the G rollouts of that problem: slot
-generator1 of problem p is compared only with slot generator1 of p in the other rollouts (DESIGN.md
-"Workflows and credit"). `check_groups` enforces the invariant: every group holds one call per rollout
+generator1 of problem p is compared only with slot generator1 of p in the other rollouts (docs/reference.md,
+"How a training step works", step 4). `check_groups` enforces the invariant: every group holds one call per rollout
 (exactly G for slots every episode has), identical prompt token ids for first-stage slots, and never mixes
 problems, roles or tasks. `token_budget_chunks` packs a slot's calls into forward-backward chunks.
 

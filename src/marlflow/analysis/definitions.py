@@ -46,7 +46,6 @@ MARKER_RISE = 0.2  # capture: share of its eval outputs with a solution marker r
 Z_CAPTURE = NormalDist().inv_cdf(1 - ALPHA / 3)  # 2.216
 
 CODE_FENCE = "```"
-EMA_WINDOW = 128  # default window of the per-role gradient EMA (coherence = cosine to it)
 
 
 def threshold(se: float) -> float:

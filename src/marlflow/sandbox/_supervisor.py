@@ -263,12 +263,6 @@ def _collect(pids: list[int], bufs: dict, limits: dict, keep: dict, names: dict,
     return status, timed_out, over
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    _reap_strays()
-
-
 def _reap_strays() -> None:
     """Kill descendants that escaped the group (we are their subreaper) and reap zombies."""
     try:

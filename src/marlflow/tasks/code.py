@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from marlflow import sandbox
 from marlflow.tasks import Problem, register
-from marlflow.tasks.math import DataError, _cap, _check_split, _nonempty, field, source_rows, split_records
+from marlflow.tasks.datasets import DataError, cap, check_split, field, nonempty, source_rows, split_records
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -101,7 +101,7 @@ class MBPP(CodeTask):
     hub_id, hub_config = "google-research-datasets/mbpp", "full"
 
     def load(self, split: str, spec=None) -> list[Problem]:
-        _check_split(split)
+        check_split(split)
         rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, split)
         lo, hi = MBPP_SPLITS[split]
         ids = [field(rows, i, "task_id", "int") for i in range(len(rows))]
@@ -117,7 +117,7 @@ class MBPP(CodeTask):
             prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
             out.append(Problem(f"mbpp/{ids[i]}", "mbpp", "code", prompt, field(rows, i, "code"), tests=tests,
                                meta={"task_id": ids[i]}))  # fmt: skip
-        return _nonempty(_cap(out, spec, split), self.name, split)
+        return nonempty(cap(out, spec, split), self.name, split)
 
 
 @register("humaneval")
@@ -126,7 +126,7 @@ class HumanEval(CodeTask):
     hub_id = "openai/openai_humaneval"
 
     def load(self, split: str, spec=None) -> list[Problem]:
-        _check_split(split)
+        check_split(split)
         if split == "train" and not (spec is not None and spec.train_file):
             raise ValueError(
                 "humaneval has only a test split (164 problems); train on mbpp or set task.train_file"
@@ -145,7 +145,7 @@ class HumanEval(CodeTask):
                                             tests=f"{test}\n\ncheck({entry})\n", entry_point=entry,
                                             meta={"prefix": prompt})))  # fmt: skip
         out = [p for _, p in sorted(items, key=lambda it: it[0])]
-        return _nonempty(_cap(out, spec, split), self.name, split)
+        return nonempty(cap(out, spec, split), self.name, split)
 
     def program(self, problem: Problem, code: str) -> str:
         # The prompt carries imports and helpers that tests use; the model may answer with the whole
@@ -169,7 +169,7 @@ class DeepCoder(CodeTask):
         shuffle(seed=42) and the first `task.test_size` (default 1,000) problems are the test split."""
         from marlflow.tasks import deepcoder_runtime as rt
 
-        _check_split(split)
+        check_split(split)
         rows, is_split = source_rows(spec, split, self.hub_id, self.hub_config, "train")
         results_file = getattr(spec, "runtime_results", "") if spec is not None else ""
         if results_file and is_split:
@@ -202,7 +202,7 @@ class DeepCoder(CodeTask):
             train, test = split_records(problems, n_test, seed=42, shuffle_only=True)
             problems = train if split == "train" else test
         out = [Problem(f"deepcoder/{p.meta['row']}", *_fields(p)) for p in problems]
-        return _nonempty(_cap(out, spec, split), self.name, split)
+        return nonempty(cap(out, spec, split), self.name, split)
 
 
 def _fields(p: Problem) -> tuple:

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from marlflow import sandbox
-from marlflow.tasks.math import DataError, Records
+from marlflow.tasks.datasets import DataError, Records, source_rows
 
 log = logging.getLogger("marlflow.tasks.deepcoder")
 HUB_ID, HUB_CONFIG = "agentica-org/DeepCoder-Preview-Dataset", "primeintellect"
@@ -234,7 +234,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from marlflow.config import TaskSpec
-    from marlflow.tasks.math import source_rows
 
     bad = [n for n, v in (("--timeout", args.timeout), ("--memory-mb", args.memory_mb)) if not 0 < v < 1e6]
     bad += [n for n, v in (("--limit", args.limit), ("--batch", args.batch - 1)) if v < 0]

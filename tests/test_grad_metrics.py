@@ -20,10 +20,10 @@ import torch
 
 from marlflow import algos
 from marlflow.analysis.definitions import solution_marker
+from marlflow.evaluation import EVAL_SEED_OFFSET
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer
-from marlflow.trainer import EVAL_SEED_OFFSET
 from marlflow.update import flat_grad
 from marlflow.workflows import rollout
 

@@ -33,7 +33,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from datasets import Dataset
@@ -42,22 +41,17 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import checkpoint, preempt
+from marlflow import checkpoint, evaluation, preempt
 from marlflow import interventions as itv
 from marlflow import rollout as ro
 from marlflow import update as upd
-from marlflow.analysis.definitions import solution_marker
 from marlflow.base_eval import SharedBaseEval
 from marlflow.fastgen import use_gqa_sdpa
 from marlflow.generation import ChatEncoder, make_backend
 from marlflow.metrics import SAMPLE_COLUMNS, rows
 from marlflow.sampling import distinct_rows
-from marlflow.tasks.solution_metrics import solution_metrics
 from marlflow.tasks.splits import run_splits
 from marlflow.trackers import Trackers
-from marlflow.workflows import eval_metrics as workflow_eval_metrics
-from marlflow.workflows import rollout
-from marlflow.workflows.spec import spec_of
 
 log = logging.getLogger("marlflow.trainer")
 
@@ -65,15 +59,6 @@ log = logging.getLogger("marlflow.trainer")
 # nats is warned about once per run. bf16 vLLM against the fp32 trainer measured 0.01-0.04 nats (SmolLM2-135M
 # and the toy model, CPU); a stale adapter or a wrong stop token shows up as 0.1 and more.
 LOGP_GAP_WARN = 0.1
-EVAL_SEED_OFFSET = 1_000_003
-VAL_SEED_OFFSET = 2_000_003  # the validation evaluation's sampling stream: not the test evaluation's
-
-
-def _accuracy(episodes: list) -> dict:
-    """accuracy (mean episode reward), its binomial standard error and n_eval, as an evaluation logs them."""
-    n = len(episodes)
-    acc = sum(e.reward for e in episodes) / n
-    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
 
 
 class NaNLossError(RuntimeError):
@@ -459,108 +444,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
 
-    @torch.no_grad()
     def evaluate_workflow(self, step: int, base: bool = False) -> float:
-        """Workflow accuracy on the fixed held-out subset, one episode per problem.
+        """Workflow accuracy on the fixed held-out subset, one episode per problem (marlflow.evaluation, whose
+        docstring says how its sampling leaves training's RNG untouched; base: the untrained adapters, every
+        role routed to the first policy). Its rows go into the run's tables.
 
-        Sampling uses its own seeded RNG stream (identical at every evaluation) and leaves the training RNG
-        untouched, so evaluating never changes what training does next: torch's CPU and CUDA generators are
-        forked and reseeded (HF sampling), and every vLLM request carries its own seed (vLLM's sampler has its
-        own RNG, which torch's seed does not reach). The backend's stored K/V are dropped afterwards, so the
-        next training rollout runs as it would after a resume.
-
-        base: the adapters are the untrained ones (B = 0, every policy the base model): every role is routed to
-        the first policy, which makes the evaluation the same under SP and IP (marlflow.base_eval).
-
-        With validation problems (task.val_size), they are evaluated next the same way (`_eval_episodes`, with
-        their own seed) and logged under split "val" (`_evaluate_val`); returns the test accuracy.
-        """
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        episodes = self._eval_episodes(self.eval_problems, cfg.seed + EVAL_SEED_OFFSET, base)
-        values = _accuracy(episodes)
-        acc, n = values["accuracy"], values["n_eval"]
-        # Two fixed halves of the eval set (episodes follow eval_problems order): the analysis picks the peak
-        # step on one half and reads it on the other (peak_confirmed), so the max over evals is not rewarded.
-        half_a, half_b = [e.reward for e in episodes[0::2]], [e.reward for e in episodes[1::2]]
-        values.update(
-            accuracy_a=sum(half_a) / len(half_a),
-            n_eval_a=len(half_a),
-            accuracy_b=sum(half_b) / len(half_b) if half_b else math.nan,
-            n_eval_b=len(half_b),
-        )
-        values.update(workflow_eval_metrics(cfg.workflow, episodes, self.task))
-        # the task's own metrics of its solvers' outputs (toy tasks: careless_share)
-        solved = [c.text for e in episodes for c in e.calls if c.role in spec_of(cfg.workflow).solver_roles]
-        values.update(solution_metrics(self.task, solved))
-        values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
-        self.metric_rows += rows(cfg.factors, step, "eval", "all", values)
-        by_role = defaultdict(list)
-        for e in episodes:
-            for c in e.calls:
-                by_role[c.role].append(c)
-        supervisor = (spec_of(cfg.workflow).supervisor or (None,))[0]
-        for role, cs in by_role.items():
-            lengths = [len(c.completion_ids) for c in cs]
-            role_values = {
-                "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
-                "completion_length": sum(lengths) / len(cs),
-                # sample sd over calls: the capture length test's standard error (analysis.failures)
-                "completion_length_sd": float(np.std(lengths, ddof=1)) if len(cs) > 1 else 0.0,
-                # calls cut off at the completion budget: `marlflow eval` warns above 5% (an answer cut off
-                # is scored wrong, so a budget too small for the task reads as "no transfer")
-                "truncated_share": sum(n >= cfg.grpo.max_completion_length for n in lengths) / len(cs),
-                "calls": len(cs),
-            }
-            if role == supervisor:  # capture evidence over every eval call, not the logged sample episodes
-                role_values["solution_marker_share"] = sum(
-                    solution_marker(cfg.workflow, c.text) for c in cs
-                ) / len(cs)
-            self.metric_rows += rows(cfg.factors, step, "eval", role, role_values)
-        for k, e in enumerate(episodes[: cfg.samples_per_eval]):
-            for c in e.calls:
-                self.sample_rows.append(
-                    {
-                        **cfg.factors,
-                        "step": step,
-                        "episode": k,
-                        "uid": e.problem.uid,
-                        "slot": c.slot,
-                        "role": c.role,
-                        "prompt": self.encoder.tok.decode(c.prompt_ids),
-                        "output": c.text,
-                        "reward": e.reward,
-                        "format_failure": c.format_failure,
-                    }
-                )
-        log.info("step %d eval accuracy %.3f (n=%d)", step, acc, n)
+        With validation problems (task.val_size), they are evaluated next the same way (with their own seed)
+        and logged under split "val"; returns the test accuracy."""
+        args = self.cfg, self.task, self.backend, self.encoder
+        ev = evaluation.evaluate(*args, self.eval_problems, step, base)
+        self.metric_rows += ev.metric_rows
+        self.sample_rows += ev.sample_rows
+        log.info("step %d eval accuracy %.3f (n=%d)", step, ev.accuracy, len(self.eval_problems))
         if self.val_problems:
-            self._evaluate_val(step, base)
-        return acc
-
-    def _eval_episodes(self, problems: list, seed: int, base: bool) -> list:
-        """One episode per problem at eval_temperature from a forked RNG stream seeded with `seed` (training's
-        RNG untouched); the backend's stored K/V dropped afterwards. base: see evaluate_workflow."""
-        cfg = self.cfg
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        route = (lambda role, first=cfg.policies[0]: first) if base else None
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)  # also seeds every CUDA device
-            ctx = self._ctx(cfg.grpo.eval_temperature, seed=seed, policy_of=route)
-            episodes = rollout(cfg, self.task, problems, ctx, 1)
-        self.backend.forget_states()
-        return episodes
-
-    def _evaluate_val(self, step: int, base: bool) -> float:
-        """Workflow accuracy on the validation problems (split "val", role "all": accuracy, accuracy_se,
-        n_eval, time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
-        t0 = time.perf_counter()
-        episodes = self._eval_episodes(self.val_problems, self.cfg.seed + VAL_SEED_OFFSET, base)
-        values = {**_accuracy(episodes), "time_eval": time.perf_counter() - t0}
-        acc, n = values["accuracy"], values["n_eval"]
-        self.metric_rows += rows(self.cfg.factors, step, "val", "all", values)
-        log.info("step %d validation accuracy %.3f (n=%d)", step, acc, n)
-        return acc
+            val = evaluation.validate(*args, self.val_problems, step, base)
+            self.metric_rows += val.metric_rows
+            log.info("step %d validation accuracy %.3f (n=%d)", step, val.accuracy, len(self.val_problems))
+        return ev.accuracy
 
     def _guard_input(self) -> tuple[float, int]:
         """cliff_guard's evaluation of `self.step`: (accuracy, n) of its validation rows (split "val"); the

@@ -147,7 +147,7 @@ def _random_qwen06(layers: int) -> Path:
 def _toy() -> Path:
     out = WORK / "toy"
     if not (out / "config.json").is_file():
-        from marlflow.models import build_toy
+        from marlflow.toybuild import build_toy
 
         build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)
     return out

@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory):
     """A toy model with a short warm start: real tokenizer, chat template and weights, built here."""
-    from marlflow.models import build_toy
+    from marlflow.toybuild import build_toy
 
     out = tmp_path_factory.mktemp("toy-model")
     build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)

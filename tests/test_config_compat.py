@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from marlflow.config import OMITTED_AT_DEFAULT, RunConfig, TaskSpec
+from marlflow.config import OMITTED_AT_DEFAULT, GRPOParams, RunConfig, TaskSpec
 from marlflow.matrix import run_sheet
 
 MATRIX = Path(__file__).resolve().parents[1] / "matrix.yaml"
@@ -73,10 +74,20 @@ def test_gradient_checkpointing_auto_is_on_at_hub_scales():
         ({"gradient_checkpointing": "yes"}, "gradient_checkpointing is 'yes'; allowed values: auto, on, off"),
         ({"max_chunk_tokens": -1}, "max_chunk_tokens is -1; it must be >= 0"),
         ({"max_chunk_tokens": 4096.0}, "max_chunk_tokens is 4096.0 of type float, but it must be an integer"),
+        ({"n_votes": 10}, "n_votes is 10; it must be >= 1 and <= 9 (the aggregator answers with one digit)"),
+        (
+            {"grpo": {"temperature": 0.0}},
+            "grpo.temperature is 0.0; it must be > 0 and <= 10 (rollouts must sample)",
+        ),
+        (
+            {"grpo": {"epsilon": 0.3, "epsilon_high": 0.2}},
+            "grpo.epsilon_high (0.2) is below grpo.epsilon (0.3)",
+        ),
     ],
 )
 def test_bad_values_name_the_field(kw, message):
+    """One range check per field (config.BOUNDS, with BOUND_NOTES' reason); cross-field rules in __post_init__."""
     from marlflow.config import ConfigError
 
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        _cfg(**kw)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _cfg(**{k: GRPOParams(**v) if k == "grpo" else v for k, v in kw.items()})

@@ -19,7 +19,7 @@ TINY = {"steps": 3, "batch_size": 8, "eval_n": 0, "solve_steps": 0}
 @pytest.fixture(scope="module")
 def toy_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("toy")
-    models.build_toy(out, seed=0, **TINY)
+    toybuild.build_toy(out, seed=0, **TINY)
     return out
 
 
@@ -51,7 +51,7 @@ def test_tokenizer_splits_digits_and_keeps_prompt_words(toy_dir):
 
 
 def test_build_toy_is_deterministic(toy_dir, tmp_path):
-    models.build_toy(tmp_path, seed=0, **TINY)
+    toybuild.build_toy(tmp_path, seed=0, **TINY)
     m1, t1 = models.load_model_and_tokenizer(str(toy_dir))
     m2, t2 = models.load_model_and_tokenizer(str(tmp_path))
     assert t1.get_vocab() == t2.get_vocab()
@@ -108,7 +108,6 @@ def test_loading_imports_no_builder():
             "print([m for m in ('marlflow.toybuild', 'marlflow.warmstart') if m in sys.modules])")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    assert models.build_toy is toybuild.build_toy  # old import path still works, lazily
 
 
 def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
@@ -117,7 +116,7 @@ def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "atomic_write_json", lambda p, o: (written.append(p.name), real(p, o)))
     ready = models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0)
     assert written[-1] == "READY" and json.loads((tmp_path / "READY").read_text()) == ready
-    assert ready["toy_version"] == models.toy_version() and ready["model"] == str(tmp_path.resolve())
+    assert ready["toy_version"] == toybuild.toy_version() and ready["model"] == str(tmp_path.resolve())
     stamp = (tmp_path / "model.safetensors").stat().st_mtime_ns
     models.prepare("toy", "toy", tmp_path, steps=2, eval_n=0, solve_steps=0)
     assert (tmp_path / "model.safetensors").stat().st_mtime_ns == stamp  # same version: not rebuilt

@@ -18,8 +18,8 @@ Every `prepare` writes `DIR/READY` (JSON) last and atomically; Snakemake's model
     from marlflow.models import load_model_and_tokenizer
     model, tok = load_model_and_tokenizer("results/models/toy")   # or a hub id such as Qwen/Qwen3-0.6B
 
-A train job imports this module only; the toy builder's names (`build_toy`, `toy_version`, ...) are still
-reachable as attributes (`marlflow.models.build_toy`) and load `marlflow.toybuild` on first use.
+A train job imports this module only; the toy builder (`marlflow.toybuild`: `build_toy`, `toy_version`, ...) is
+imported where a build or a version check needs it.
 
 Qwen3 hub models think by default; the generation code passes `enable_thinking=False` to
 `apply_chat_template` (templates without that variable, like the toy one, ignore it).
@@ -38,19 +38,6 @@ import torch
 from marlflow.metrics import atomic_write_json
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # what a hub model id looks like: owner/name
-
-# Names that moved to marlflow.toybuild; `models.<name>` still works and imports the builder on first use.
-_TOY_NAMES = frozenset({"build_toy", "toy_version", "train_tokenizer", "toy_model", "encode", "warm_start",
-                        "weights_sha256", "SPECIALS", "CHAT_TEMPLATE", "TOY_TASKS", "SOLVE_MIX"})  # fmt: skip
-
-
-def __getattr__(name: str):
-    if name in _TOY_NAMES:
-        from marlflow import toybuild
-
-        return getattr(toybuild, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 # ---------------------------------------------------------------- the shipped toy model
 

@@ -38,10 +38,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from marlflow.config import config_differences, config_fingerprint, training_identity
-from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metrics
+from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.runs import adapter_dir, base_model_id, checkpoints, set_base_model
 
 log = logging.getLogger("marlflow.checkpoint")
@@ -76,7 +75,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(trainer) -> Path:
-    """Write `trainer`'s state at its current step; returns the checkpoint folder. Raises DiskFullError
+    """Write `trainer.state_dict()` (and its adapters in PEFT folders) at its current step; returns the checkpoint folder. Raises DiskFullError
     (naming the checkpoint that is still intact) when the disk fills up."""
     root = trainer.out_dir / "checkpoints"
     final, tmp = root / f"step-{trainer.step}", root / f".step-{trainer.step}.tmp"
@@ -113,26 +112,16 @@ def _write(trainer, tmp: Path) -> None:
     base = base_model_id(trainer.cfg, trainer.out_dir)
     for p in policies:
         set_base_model(adapter_dir(tmp / "adapters", p), base)
-    torch.save(
-        {
-            "step": trainer.step,
-            "nan_streak": trainer.nan_streak,
-            "adapters": {p: get_peft_model_state_dict(trainer.model, adapter_name=p) for p in policies},
-            "optimizers": {p: o.state_dict() for p, o in trainer.optimizers.items()},
-            "schedulers": {p: s.state_dict() for p, s in trainer.schedulers.items()},
-            "grad_ema": trainer.grad_ema,
-            "interventions": trainer.itv.state_dict(),
-            "rng": rng_state(),
-        },
-        tmp / "state.pt",
-    )
-    write_metrics(pd.DataFrame(trainer.metric_rows), tmp / "metrics.parquet")
-    atomic_write_parquet(trainer.samples_frame(), tmp / "samples.parquet")
+    state = trainer.state_dict()
+    metric_rows, sample_rows = state.pop("metric_rows"), state.pop("sample_rows")
+    torch.save(state, tmp / "state.pt")
+    write_metrics(pd.DataFrame(metric_rows), tmp / "metrics.parquet")
+    atomic_write_parquet(pd.DataFrame(sample_rows, columns=SAMPLE_COLUMNS), tmp / "samples.parquet")
     cfg = trainer.cfg.to_dict()
     atomic_write_json(
         tmp / "COMPLETE",
         {
-            "step": trainer.step,
+            "step": state["step"],
             "config_fingerprint": config_fingerprint(cfg),
             "config": training_identity(cfg),
         },
@@ -140,8 +129,8 @@ def _write(trainer, tmp: Path) -> None:
 
 
 def restore(trainer) -> bool:
-    """Load the newest complete checkpoint into `trainer`, if any; each adapter goes back to its own policy,
-    and the rollout backend is given the restored adapters."""
+    """Load the newest complete checkpoint into `trainer` (`trainer.load_state_dict`: each adapter goes back to
+    its own policy, and the rollout backend is given the restored adapters), if any; False when there is none."""
     ckpts = complete(trainer.out_dir)
     if not ckpts:
         return False
@@ -149,21 +138,9 @@ def restore(trainer) -> bool:
     if _supersede_if_other_config(trainer, ckpt):
         return False
     state = torch.load(ckpt / "state.pt", weights_only=False)
-    for p, sd in state["adapters"].items():
-        set_peft_model_state_dict(trainer.model, sd, adapter_name=p)
-    for p, sd in state["optimizers"].items():
-        trainer.optimizers[p].load_state_dict(sd)
-    for p, sd in state["schedulers"].items():
-        trainer.schedulers[p].load_state_dict(sd)
-    set_rng_state(state["rng"])
-    trainer.step, trainer.nan_streak = state["step"], state["nan_streak"]
-    trainer.grad_ema = state.get("grad_ema", {})  # checkpoints written before the EMA existed have none
-    trainer.itv.load_state_dict(state.get("interventions", {}))
-    trainer.metric_rows = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
-    trainer.sample_rows = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
-    # The rollout engine still serves the adapters it started with: publish the restored ones, or the
-    # first step after a resume would sample from the wrong policy and train on it as on-policy.
-    trainer.backend.on_update()
+    state["metric_rows"] = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
+    state["sample_rows"] = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
+    trainer.load_state_dict(state)  # also publishes the restored adapters to the rollout engine
     log.info("resumed from %s", ckpt)
     return True
 

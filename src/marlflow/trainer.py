@@ -41,7 +41,7 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import checkpoint, evaluation, preempt
+from marlflow import checkpoint, distributed, evaluation, preempt
 from marlflow import interventions as itv
 from marlflow import rollout as ro
 from marlflow import update as upd
@@ -352,14 +352,19 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.backend.before_update()  # vLLM sleeps (weights to CPU, KV dropped) until the next generate
         stats: dict[str, dict] = defaultdict(dict)
         finite, norms, done = True, {}, []
+        # Data parallel (issue 27): `calls` are this rank's; the loss normalisers count every rank's, and each
+        # policy's gradient is summed over the ranks before any metric, the intervention or clipping reads it
+        # (marlflow.update.reduce_policy_grad). One process: the counts are its own and the reduce is the identity.
+        counts = upd.sum_counts(distributed.gather(upd.policy_counts(self.cfg, calls)))
         for policy in self.cfg.policies:
             if not finite:  # the step is discarded: no later policy's backward is run
                 break
-            pg = upd.policy_backward(self, self.cfg, policy, self.params[policy], calls, adv, metrics)
+            pg = upd.policy_backward(self, self.cfg, policy, self.params[policy], calls, adv, metrics,
+                                     counts.get(policy))  # fmt: skip
+            if distributed.world() > 1:
+                pg = upd.reduce_policy_grad(pg, policy, self.params[policy])
             if pg is None:
                 continue
-            # Data-parallel hook (issue 27): all-reduce `pg` over the ranks here, before any metric, the
-            # intervention or clipping reads a gradient (what to sum: marlflow.update.PolicyGrad).
             norms[policy] = upd.finish_policy(pg, self.cfg, self.itv, stats, metrics)
             finite = pg.finite and math.isfinite(norms[policy])
             done.append(pg)
@@ -501,12 +506,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for p, opt in self.optimizers.items():
                 lrs = [(gr["lr"] * f, gr.get("initial_lr", gr["lr"]) * f) for gr in opt.param_groups]
                 opt.load_state_dict(itv.cpu_copy(best["optimizers"][p]))  # a copy: AdamW updates it in place
-                for gr, (lr, initial) in zip(opt.param_groups, lrs):
-                    gr["lr"], gr["initial_lr"] = lr, initial
-                # LambdaLR: lr = base_lr * schedule(step), and base_lrs is in its checkpointed state
-                sched = self.schedulers[p]
-                sched.base_lrs = [b * f for b in sched.base_lrs]
-                sched._last_lr = [gr["lr"] for gr in opt.param_groups]
+                upd.scale_schedule(opt, self.schedulers[p], lrs, f)
             st.restores, st.lr_scale = st.restores + 1, st.lr_scale * f
             st.evals = [(best["step"], best["acc"], best["n"])]
             self.backend.on_update()  # the rollout engine must sample from the restored adapters
@@ -588,6 +588,40 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return acc
 
     # ------------------------------------------------------------------ checkpoints and resume
+
+    def state_dict(self) -> dict:
+        """Everything a checkpoint holds (marlflow.checkpoint), by reference: step, nan_streak, each policy's
+        adapter weights, AdamW and scheduler states, the per-role gradient EMAs, the intervention's state, the
+        process's RNG states (checkpoint.rng_state) and the metric and sample rows so far."""
+        return {
+            "step": self.step,
+            "nan_streak": self.nan_streak,
+            "adapters": {p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies},
+            "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
+            "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
+            "grad_ema": self.grad_ema,
+            "interventions": self.itv.state_dict(),
+            "rng": checkpoint.rng_state(),
+            "metric_rows": self.metric_rows,
+            "sample_rows": self.sample_rows,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put back a `state_dict()`: each adapter into its own policy, then publish them to the rollout engine
+        (it still serves the adapters it started with; the next step would sample from the wrong policy and
+        train on it as on-policy). grad_ema and interventions may be absent (older checkpoints)."""
+        for p, sd in state["adapters"].items():
+            set_peft_model_state_dict(self.model, sd, adapter_name=p)
+        for p, sd in state["optimizers"].items():
+            self.optimizers[p].load_state_dict(sd)
+        for p, sd in state["schedulers"].items():
+            self.schedulers[p].load_state_dict(sd)
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.nan_streak = state["step"], state["nan_streak"]
+        self.grad_ema = state.get("grad_ema", {})
+        self.itv.load_state_dict(state.get("interventions", {}))
+        self.metric_rows, self.sample_rows = list(state["metric_rows"]), list(state["sample_rows"])
+        self.backend.on_update()
 
     def save_checkpoint(self) -> Path:
         """Write the step's checkpoint (marlflow.checkpoint: whole or not at all, older ones pruned)."""

@@ -58,6 +58,7 @@ class RoleGrad:
     f: float
     g: torch.Tensor | None = None
     slot_grads: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    grad_slots: list[str] = dataclasses.field(default_factory=list)  # the slot of each slot_grads entry
     loss: float = 0.0
     entropy: list[float] = dataclasses.field(default_factory=list)
     clip: list[float] = dataclasses.field(default_factory=list)
@@ -81,10 +82,10 @@ class PolicyGrad:
     raw: (P,) that gradient, flat; roles: role -> RoleGrad, in the order they ran; finite: every chunk's loss
     was finite (a False stops the step: no parameter changes).
 
-    A data-parallel all-reduce goes between `policy_backward` and `finish_policy`: sum over ranks each
-    param's .grad, `raw`, every RoleGrad's g and slot_grads, and its loss, calls, live, entropy/clip/kl sums
-    and gap sums, AND-reduce `finite`. (The loss normalisers n_pol / tok_pol, which `policy_backward` counts
-    from `calls`, must then be the step's global totals.)"""
+    Data parallel (issue 27): `reduce_policy_grad` goes between `policy_backward` and `finish_policy`: it sums
+    over ranks each param's .grad, `raw`, every RoleGrad's g and slot_grads, and its loss, calls, live,
+    entropy/clip/kl sums and gap sums, and AND-reduces `finite`; `policy_backward` then normalises with the
+    step's global counts (`policy_counts` summed over the ranks by `sum_counts`)."""
 
     policy: str
     params: list
@@ -171,6 +172,92 @@ def clipped_contributions(
     return out
 
 
+# ------------------------------------------------------------------ counts and the data-parallel reduce
+
+
+def policy_counts(cfg, calls) -> dict[str, dict]:
+    """policy -> {"n": calls, "tok": completion tokens, "roles": {role: [calls, tokens]}} of `calls` (first-seen
+    role order): what the loss normalisers and each role's f are computed from."""
+    out: dict[str, dict] = {}
+    for c in calls:
+        d = out.setdefault(cfg.policy_of(c.role), {"n": 0, "tok": 0, "roles": {}})
+        r = d["roles"].setdefault(c.role, [0, 0])
+        d["n"], d["tok"] = d["n"] + 1, d["tok"] + len(c.completion_ids)
+        r[0], r[1] = r[0] + 1, r[1] + len(c.completion_ids)
+    return out
+
+
+def sum_counts(parts: list[dict[str, dict]]) -> dict[str, dict]:
+    """The sum of several `policy_counts` (one per rank, in rank order): the step's global counts."""
+    out: dict[str, dict] = {}
+    for part in parts:
+        for policy, d in part.items():
+            o = out.setdefault(policy, {"n": 0, "tok": 0, "roles": {}})
+            o["n"], o["tok"] = o["n"] + d["n"], o["tok"] + d["tok"]
+            for role, (n, tok) in d["roles"].items():
+                r = o["roles"].setdefault(role, [0, 0])
+                r[0], r[1] = r[0] + n, r[1] + tok
+    return out
+
+
+def _union(lists) -> list:
+    return list(dict.fromkeys(x for xs in lists for x in xs))
+
+
+def reduce_policy_grad(pg: PolicyGrad | None, policy: str, params: list) -> PolicyGrad | None:
+    """`pg` summed over the ranks (marlflow.distributed; the identity for one process): the PolicyGrad one
+    process would have computed from every rank's calls, on every rank. pg: this rank's, None when it had no
+    call of `policy` (it still takes part). Returns None when no rank had any.
+
+    Roles, slots and slot gradients are matched by name (a rank may lack a role, or a slot without live calls,
+    that another has) and ordered by first appearance in rank order, which with contiguous shards
+    (distributed.shard) is the 1-rank order. Sums over ranks change the float summation order: results agree
+    with one process within rounding (tests/test_distributed.py)."""
+    from marlflow import distributed
+
+    desc = None if pg is None else {
+        "finite": pg.finite,
+        "roles": [{"role": r, "slots": rg.slots, "grad_slots": rg.grad_slots, "calls": rg.calls, "live": rg.live,
+                   "f": rg.f, "loss": rg.loss, "entropy": sum(rg.entropy), "clip": sum(rg.clip),
+                   "kl": sum(rg.kl), "has_kl": bool(rg.kl), "gap": rg.gap, "gap_n": rg.gap_n}
+                  for r, rg in pg.roles.items()],
+    }  # fmt: skip
+    present = [d for d in distributed.gather(desc) if d is not None]
+    if not present:
+        return None
+    by_role: dict[str, list[dict]] = {}
+    for d in present:
+        for rd in d["roles"]:
+            by_role.setdefault(rd["role"], []).append(rd)
+    grad_slots = {r: _union(rd["grad_slots"] for rd in rds) for r, rds in by_role.items()}
+    size = sum(p.numel() for p in params)
+    zero = torch.zeros(size, device=params[0].device)
+    mine = {} if pg is None else pg.roles
+    parts = [pg.raw if pg is not None else zero]
+    for role, slots in grad_slots.items():
+        rg = mine.get(role)
+        parts.append(rg.g if rg is not None and rg.g is not None else zero)
+        for slot in slots:
+            has = rg is not None and slot in rg.grad_slots
+            parts.append(rg.slot_grads[rg.grad_slots.index(slot)] if has else zero)
+    (total,) = distributed.all_reduce_sum([torch.cat(parts)])
+    chunks = iter(total.split(size))
+    raw = next(chunks)
+    roles = {}
+    for role, rds in by_role.items():
+        rg = RoleGrad(role, _union(rd["slots"] for rd in rds), sum(rd["calls"] for rd in rds),
+                      sum(rd["live"] for rd in rds), rds[0]["f"], g=next(chunks))  # fmt: skip
+        rg.slot_grads = [next(chunks) for _ in grad_slots[role]]
+        rg.grad_slots = grad_slots[role]
+        rg.loss = sum(rd["loss"] for rd in rds)
+        rg.entropy, rg.clip = [sum(rd["entropy"] for rd in rds)], [sum(rd["clip"] for rd in rds)]
+        rg.kl = [sum(rd["kl"] for rd in rds)] if any(rd["has_kl"] for rd in rds) else []
+        rg.gap, rg.gap_n = sum(rd["gap"] for rd in rds), sum(rd["gap_n"] for rd in rds)
+        roles[role] = rg
+    set_flat_grad(params, raw)  # what clipping and AdamW read
+    return PolicyGrad(policy, params, raw, roles, all(d["finite"] for d in present))
+
+
 # ------------------------------------------------------------------ the backward over local chunks
 
 
@@ -196,13 +283,16 @@ def pieces(ridx: list[int], calls, max_calls: int, max_tokens: int = 0) -> list[
     return out
 
 
-def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Tensor, metrics: bool):
+def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Tensor, metrics: bool,
+                    counts: dict | None = None):  # fmt: skip
     """Backward of `policy`'s calls (those `cfg.policy_of` routes to it), role by role, slot by slot, chunk by
     chunk; returns its PolicyGrad, or None when no call is routed to it. adv: (N,) per call.
 
     engine: the trainer; `engine.piece_loss(calls, adv, tok_pol, weight, beta) -> Piece` computes a chunk's
     weighted loss (TRL's `_compute_loss`). Stops at the first non-finite loss (PolicyGrad.finite False).
-    metrics: also measure each slot's gradient (one flat gradient per slot instead of per role)."""
+    metrics: also measure each slot's gradient (one flat gradient per slot instead of per role).
+    counts: the policy's entry of the step's global `policy_counts` (data parallel: summed over the ranks), which
+    the loss normalisers and each role's f use; None: counted from `calls`."""
     idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
     if not idx:
         return None
@@ -210,7 +300,8 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
     engine.model.train()
     for p in params:
         p.grad = None
-    n_pol, tok_pol = len(idx), sum(len(calls[i].completion_ids) for i in idx)
+    counts = counts or policy_counts(cfg, [calls[i] for i in idx])[policy]
+    n_pol, tok_pol = counts["n"], counts["tok"]
     prev = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
     pg = PolicyGrad(policy, params, prev, {})
     for role in dict.fromkeys(calls[i].role for i in idx):
@@ -218,7 +309,7 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
             break
         ridx = [i for i in idx if calls[i].role == role]
         rg, prev, pg.finite = _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok_pol,
-                                             metrics)  # fmt: skip
+                                             metrics, counts["roles"][role])  # fmt: skip
         pg.roles[role] = rg
     for p in params:  # AdamW skips a None grad; a zero grad keeps its moments decaying as before
         if p.grad is None:
@@ -227,7 +318,7 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
     return pg
 
 
-def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok_pol, metrics):
+def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok_pol, metrics, role_counts):
     """One role's chunks: (RoleGrad, the policy's flat gradient so far, whether every loss was finite)."""
     g = cfg.grpo
     beta = itv.role_beta(cfg.intervention_spec, role, g.beta)
@@ -240,8 +331,8 @@ def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok
     # as in the whole-batch loss); ||g_r|| / f_r is the norm of the role's own mean-loss gradient, the same
     # number under SP and IP. f_r = 0 only when the role produced no completion tokens (bnpo/dapo), and then
     # g_r = 0 as well.
-    tok_r = sum(len(calls[i].completion_ids) for i in ridx)
-    f = algos.own_scale(g.loss_type, len(ridx), n_pol, tok_r, tok_pol)
+    # role_counts: the role's [calls, completion tokens] in the step (all ranks): f is the global role's share.
+    f = algos.own_scale(g.loss_type, role_counts[0], n_pol, role_counts[1], tok_pol)
     rg = RoleGrad(role, list(dict.fromkeys(calls[i].slot for i in ridx)), len(ridx), len(live), f)
     start, ok = prev, True
     for slot_pieces in pieces(live, calls, cfg.micro_batch_size, cfg.max_chunk_tokens):
@@ -261,6 +352,7 @@ def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok
         if metrics:
             flat = flat_grad(params)
             rg.slot_grads.append(flat - prev)
+            rg.grad_slots.append(calls[slot_pieces[0][0]].slot)
             prev = flat
     if not metrics:
         prev = flat_grad(params)
@@ -341,3 +433,16 @@ def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: 
         grad_norm=math.sqrt(sum(v * v for v in norms.values())),
         lr=trainer.schedulers[cfg.policies[0]].get_last_lr()[0],
     )
+
+
+def scale_schedule(optimizer, scheduler, lrs: list[tuple[float, float]], factor: float) -> None:
+    """Put each param group's (lr, initial_lr) = `lrs` and scale the scheduler's base_lrs by `factor`, through
+    its state_dict (cliff_guard's restore: the schedule goes on from its step at `factor` x the rate).
+
+    transformers' schedulers are LambdaLR: lr = base_lr * schedule(step), recomputed from base_lrs at every
+    scheduler.step(), so the next step's lr (what the update logs) is the scaled one; get_last_lr() answers
+    the old rate until that step, and nothing reads it before."""
+    for gr, (lr, initial) in zip(optimizer.param_groups, lrs):
+        gr["lr"], gr["initial_lr"] = lr, initial
+    state = scheduler.state_dict()
+    scheduler.load_state_dict({**state, "base_lrs": [b * factor for b in state["base_lrs"]]})

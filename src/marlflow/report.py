@@ -1179,7 +1179,15 @@ def render_run_page(
     t = step_time_table(m)
     facts = [(k, fac[k]) for k in FACTOR_COLUMNS[1:]]
     if summary_row:
-        facts += [(k, summary_row[k]) for k in ("base", "peak", "peak_step", "terminal", "gain_peak", "se")]
+        facts += [
+            (k, summary_row[k])
+            for k in ("base", "peak_heldout", "peak_heldout_step", "terminal", "gain_heldout")
+        ]
+        facts += [
+            ("peak_confirmed (cross-fitted)", summary_row["peak_confirmed"]),
+            ("peak (in-sample: the max over the test evals, optimistic)", summary_row["peak"]),
+            ("peak_step (in-sample)", summary_row["peak_step"]),
+        ]
     facts.append(("train steps logged", len(t)))
     facts.append(("training wall time (sum of step_time)", duration(float(t["step_time"].sum())) if len(t)
                   else "not logged"))  # fmt: skip

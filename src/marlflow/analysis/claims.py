@@ -139,7 +139,7 @@ def c4(runs, grads, level):
 
 
 def c5(runs, grads, level):
-    """Pooled over seeds: IP cliff rate in voting / orch_workers minus in eval_opt, independent groups."""
+    """Pooled over replicates: IP cliff rate in voting / orch_workers minus in eval_opt, independent groups."""
     ip = runs[(runs["sharing"] == "ip") & _ma(runs)]
     par = ip[_parallel(ip)]["cliff"].astype(float)
     other = ip[~_parallel(ip)]["cliff"].astype(float)
@@ -175,7 +175,7 @@ CLAIMS: list[tuple[str, str, str, Callable, float, str]] = [
     ("C4", "IP falls off terminal cliffs more often than SP",
      "cliff rate IP - SP over (workflow, task, scale, replicate) pairs (0/1, pooled over replicates)", c4, 0.0, ">"),
     ("C5", "IP cliffs concentrate in Voting and Orch-Workers",
-     "IP cliff rate in voting and orch_workers minus IP cliff rate in eval_opt (pooled over seeds)", c5, 0.0,
+     "IP cliff rate in voting and orch_workers minus IP cliff rate in eval_opt (pooled over replicates)", c5, 0.0,
      ">"),
     ("C6", "under IP, same-role amplification is larger in Voting and Orch-Workers",
      "IP mean slot_amplification of the parallel role (voting generator, orch_workers worker) minus that of "

@@ -1,6 +1,7 @@
 """Evaluation rollouts through the hf backend's generation paths: HF `generate` vs marlflow's own decode loop.
 
     .venv/bin/python benchmarks/bench_decode.py [--model results/models/toy] [--reps 3] [--threads 1]
+        [--quick]   # tiny mode (benchmarks/harness.py): 1 round of the first run
 
 For each toy run of the matrix (workflow x task x SP/IP), builds the trainer once and times one evaluation
 rollout (the preset's 200 problems, T = 0.7, one fixed seed) under three paths, `--reps` rounds interleaved:
@@ -17,21 +18,16 @@ path's eval accuracy (a sanity check: the paths differ only by float rounding, s
 
 from __future__ import annotations
 
-import json
-import statistics
 import tempfile
-import time
+from functools import partial
 
 import torch
-from bench_generation_dtype import eval_rollout_args  # this folder is on sys.path when run as a script
+from harness import eval_rollout, interleaved, medians, parser, setup, toy_configs
 
-from marlflow.config import RunConfig
 from marlflow.fastgen import GQA_SDPA, prefill_cache
 from marlflow.generation import trim_completion
-from marlflow.matrix import run_sheet
 from marlflow.sampling import distinct_rows
 from marlflow.train import build_trainer
-from marlflow.workflows import rollout
 
 PATHS = ("generate", "loop", "loop+kv")
 
@@ -78,39 +74,34 @@ def _set_path(trainer, path: str, hf_generate, store) -> None:
     backend.on_update()
 
 
+def _evaluate(trainer, path, hf_generate, store) -> float:
+    _set_path(trainer, path, hf_generate, store)
+    return eval_rollout(trainer.cfg, trainer, trainer.cfg.seed + 1)
+
+
 def main(argv=None) -> None:
-    args = eval_rollout_args(__doc__.split("\n\n")[0], argv)
-    print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"threads {args.threads}, median of {args.reps} interleaved rounds")  # fmt: skip
-    sheet = run_sheet("matrix.yaml", preset="toy")
+    args = setup(parser(__doc__).parse_args(argv))
+    print(f"median of {args.reps} interleaved rounds")
     print(
         "| run | generate s | loop s | loop+kv s | loop / generate | loop+kv / generate | accuracy (3 paths) |"
     )
     print("|---|---|---|---|---|---|---|")
     totals = {p: 0.0 for p in PATHS}
-    for run_id in sheet.index:
-        cfg = RunConfig.from_dict({**json.loads(sheet.loc[run_id, "config"]), "model": args.model})
+    configs = toy_configs(args)
+    for run_id, cfg in list(configs.items())[: 1 if args.quick else None]:
         trainer = build_trainer(cfg, tempfile.mkdtemp())
         hf_generate, store = _generate_before(trainer.backend), trainer.backend.prefix_kv
-        times, acc = {p: [] for p in PATHS}, {}
-        for _ in range(args.reps):
-            for path in PATHS:
-                _set_path(trainer, path, hf_generate, store)
-                with torch.random.fork_rng():
-                    torch.manual_seed(cfg.seed + 1)
-                    t = time.perf_counter()
-                    episodes = rollout(cfg, trainer.task, trainer.eval_problems, trainer._ctx(0.7, seed=1), 1)
-                    times[path].append(time.perf_counter() - t)
-                acc[path] = sum(e.reward for e in episodes) / len(episodes)
-        med = {p: statistics.median(times[p]) for p in PATHS}
+        variants = {p: partial(_evaluate, trainer, p, hf_generate, store) for p in PATHS}
+        times, acc = interleaved(variants, args.reps)
+        med = medians(times)
         for p in PATHS:
             totals[p] += med[p]
         print(f"| {run_id} | {med['generate']:.2f} | {med['loop']:.2f} | {med['loop+kv']:.2f} | "
               f"{med['loop'] / med['generate']:.2f} | {med['loop+kv'] / med['generate']:.2f} | "
               f"{', '.join(f'{acc[p]:.3f}' for p in PATHS)} |", flush=True)  # fmt: skip
     g = totals["generate"]
-    print(f"| all 14 runs | {g:.2f} | {totals['loop']:.2f} | {totals['loop+kv']:.2f} | "
-          f"{totals['loop'] / g:.2f} | {totals['loop+kv'] / g:.2f} | |")  # fmt: skip
+    print(f"| all {len(configs) if not args.quick else 1} runs | {g:.2f} | {totals['loop']:.2f} | "
+          f"{totals['loop+kv']:.2f} | {totals['loop'] / g:.2f} | {totals['loop+kv'] / g:.2f} | |")  # fmt: skip
 
 
 if __name__ == "__main__":

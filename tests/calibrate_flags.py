@@ -13,8 +13,8 @@ budget). The old length and format rules (effect size alone) are simulated besid
 Stagnation ("no eval significantly above base") is the right call on a flat run; on a run with a real gain
 it is a lack of power, tabulated for a gain held from step 1 on, at K = 5 and 51 evals.
 
-    python benchmarks/calibrate_flags.py            # 10,000 runs per setting, about 30 s
-    python benchmarks/calibrate_flags.py --runs 2000
+    python tests/calibrate_flags.py            # 10,000 runs per setting, about 30 s
+    python tests/calibrate_flags.py --runs 2000
 """
 
 from __future__ import annotations

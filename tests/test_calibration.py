@@ -1,8 +1,8 @@
 """Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI,
-and of the capture rules (analysis.failures, simulated by benchmarks/calibrate_flags.py).
+and of the capture rules (analysis.failures, simulated by tests/calibrate_flags.py).
 
 The rates asserted here are the ones docs/reference.md ("cliff") states, from the same seeded simulations
-(benchmarks/calibrate_flags.py `cliff_rates`, 10,000 runs per setting): flat true accuracy p is flagged as a
+(tests/calibrate_flags.py `cliff_rates`, 10,000 runs per setting): flat true accuracy p is flagged as a
 cliff in <= 4.1% of runs for p in {0.3, 0.5, 0.8}, n in {32, 200, 1412}, K in {5, 13, 51}; a rise of 15
 points from the base and then a 12-point drop over the last 3 evals at n = 200 is flagged in 77-88% of runs
 at K = 5 and >= 98.8% at K = 13 and 51; a drop at the last eval only in 50-82%. The old rule (peak -
@@ -135,8 +135,7 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
 
 @pytest.fixture(scope="module")
 def flag_sim():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import calibrate_flags
+    import calibrate_flags  # tests/calibrate_flags.py, beside this file (pytest puts tests/ on sys.path)
 
     return calibrate_flags
 

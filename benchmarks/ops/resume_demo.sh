@@ -2,14 +2,14 @@
 # Matrix-level resume demonstration: kill Snakemake and its jobs with SIGKILL partway through a matrix,
 # rerun the same command, and compare results/tables/summary.csv with an uninterrupted matrix.
 #
-#   bash benchmarks/resume_demo.sh [PRESET] [KILL_AFTER_SECONDS]     (default: smoke 60)
+#   bash benchmarks/ops/resume_demo.sh [PRESET] [KILL_AFTER_SECONDS]     (default: smoke 60)
 #
 # Both copies share one built toy model (copied in before they start), so the comparison is about the
 # training jobs and the aggregation. Exit 0 and "identical" when the two summaries are byte-identical.
 set -euo pipefail
 preset=${1:-smoke}
 kill_after=${2:-60}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d /tmp/marlflow-resume.XXXX)
 export PATH="$repo/.venv/bin:$PATH" HF_HUB_OFFLINE=1
 snake=(snakemake --profile profiles/local --config preset="$preset")

@@ -126,7 +126,7 @@ Per run (summary.csv):
   cliff if any d_k >= max(0.05, z SE_k) with z = Phi^-1(1 - alpha/(K-2)), K evals (union bound: flat
   accuracy is flagged with probability <= alpha; simulated <= 4.1% for p in {0.3, 0.5, 0.8}, n in
   {32, 200, 1412}, K in {5, 13, 51}). Power at n = 200 (a 15-point rise from the base, then a 12-point drop;
-  benchmarks/calibrate_flags.py): drop over the last 3 evals 77-88% at K = 5, >= 98.8% at K = 13 and 51;
+  tests/calibrate_flags.py): drop over the last 3 evals 77-88% at K = 5, >= 98.8% at K = 13 and 51;
   drop at the last eval only 69-82% at K = 5, 60-71% at K = 13, 50-61% at K = 51; at n = 32 under 48%.
   drop, drop_se: d_k and SE_k of the candidate that passes by the most (or misses by the least); NaN
   without a candidate.

@@ -1,0 +1,142 @@
+"""What every A/B benchmark in benchmarks/ shares: one argument parser, the set-up, the environment line that a
+result in RESULTS.md carries, interleaved repeats, medians and ratios.
+
+A benchmark script imports it as a sibling (`python benchmarks/bench_x.py` puts benchmarks/ first on sys.path):
+
+    from harness import interleaved, parser, report, setup, toy_configs
+
+    ap = parser(__doc__)                       # --model --matrix --reps --threads --quick (+ the script's own)
+    args = setup(ap.parse_args())              # quiet transformers, torch threads; prints the environment line
+    times, results = interleaved({"a": run_a, "b": run_b}, args.reps)   # A B, B A, A B, ...: drift hits both
+    print(report(times, base="a"))             # median seconds of each variant and its ratio to the base
+
+`--quick` is every benchmark's tiny mode (one repeat and, where the script says so, fewer cases): it checks that
+the script still runs, and its numbers are not results. Keep results in RESULTS.md with the environment line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser(doc: str, reps: int = 3, model: str | None = "results/models/toy") -> argparse.ArgumentParser:
+    """The shared arguments; `doc`'s first paragraph is the description. model=None: no --model/--matrix."""
+    ap = argparse.ArgumentParser(description=doc.strip().split("\n\n")[0])
+    if model is not None:
+        ap.add_argument("--model", default=model, help="model folder (default: %(default)s)")
+        ap.add_argument(
+            "--matrix", default="matrix.yaml", help="matrix file of toy_configs (default: %(default)s)"
+        )
+    ap.add_argument("--reps", type=int, default=reps, help="interleaved rounds (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the toy runs use 1)")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny mode: 1 round, fewer cases; checks that it runs"
+    )
+    return ap
+
+
+def setup(args: argparse.Namespace) -> argparse.Namespace:
+    """Quiet transformers' logging and progress bars, set torch's threads (and 1 round under --quick), print
+    the environment line; returns `args`."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.reps = 1
+    print(environment(), flush=True)
+    return args
+
+
+def commit() -> str:
+    """The checkout's short commit, "+dirty" when tracked files differ from it; "unknown" outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor() or the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> str:
+    """One line naming what a number depends on: CPU, cores, torch and its kernel level, threads, commit."""
+    import torch
+
+    return (
+        f"machine: {cpu_name()}, {os.cpu_count()} cores, kernels {torch.backends.cpu.get_cpu_capability()}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); commit {commit()}"
+    )
+
+
+def toy_configs(args: argparse.Namespace, preset: str = "toy") -> dict:
+    """run id -> RunConfig of `preset`'s runs in args.matrix, with args.model as the model."""
+    from marlflow.config import RunConfig
+    from marlflow.matrix import run_sheet
+
+    sheet = run_sheet(args.matrix, preset=preset)
+    return {rid: RunConfig.from_dict({**json.loads(sheet.loc[rid, "config"]), "model": args.model})
+            for rid in sheet.index}  # fmt: skip
+
+
+def eval_rollout(cfg, trainer, seed: int, temperature: float = 0.7, problems=None) -> float:
+    """One evaluation rollout of `trainer` (a marlflow trainer of RunConfig `cfg`) over `problems` (default: its
+    test problems) from a fixed seed, torch's global RNG restored after; returns the accuracy."""
+    import torch
+
+    from marlflow.workflows import rollout
+
+    problems = trainer.eval_problems if problems is None else problems
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        episodes = rollout(cfg, trainer.task, problems, trainer._ctx(temperature, seed=seed), 1)
+    return sum(e.reward for e in episodes) / len(episodes)
+
+
+def interleaved(variants: dict[str, Callable[[], object]], reps: int) -> tuple[dict[str, list[float]], dict]:
+    """Run each variant `reps` times, interleaved and alternating in order (A B, B A, A B, ...), so that a
+    load drift or a warm cache favours none. Returns (name -> seconds of each run, name -> last result)."""
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    results: dict = {}
+    names = list(variants)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            t = time.perf_counter()
+            results[name] = variants[name]()
+            times[name].append(time.perf_counter() - t)
+    return times, results
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def report(times: dict[str, list[float]], base: str) -> str:
+    """ "name median s (x ratio to base)" for every variant, one line."""
+    med = medians(times)
+    return ", ".join(
+        f"{n} {m:.3f} s" + ("" if n == base else f" (x{m / med[base]:.2f})") for n, m in med.items()
+    )

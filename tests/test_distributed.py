@@ -132,12 +132,17 @@ def test_launch_env_keeps_the_job_and_drops_the_launching_steps_settings():
     assert D.launch_env(env) == {"SLURM_JOB_ID": "7", "PATH": "/bin", "HOME": "/h"}
 
 
-def _cfg(**run):
+def _cfg(workflow="single", sharing="sp", model="results/models/toy", grpo=(), **run):
+    """A toy run config: the planner-free defaults of a 2-step run; grpo None: small update-test settings."""
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
 
-    return RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy", task_axis="math",
-                     seed=0, task=TaskSpec(name="toy_math", eval_size=6), model="results/models/toy",
-                     grpo=GRPOParams(steps=2, eval_every=1, problems_per_step=4), **run)  # fmt: skip
+    g = dict(steps=2, eval_every=1, problems_per_step=4)
+    if grpo is None:
+        g.update(group_size=4, learning_rate=1e-2, warmup_steps=0, lr_scheduler="constant",
+                 temperature=1.0, max_completion_length=24, max_prompt_length=256, lora_r=4, lora_alpha=8)  # fmt: skip
+    return RunConfig(run_id=f"{workflow}-{sharing}-toy-math-s0", workflow=workflow, sharing=sharing, scale="toy",
+                     task_axis="math", seed=0, task=TaskSpec(name="toy_math", eval_size=6, train_size=50),
+                     model=model, grpo=GRPOParams(**g), generation_dtype="model", **run)  # fmt: skip
 
 
 def test_config_ranks():
@@ -234,9 +239,49 @@ def worker(mode: str, out: Path) -> int:
             rec.update(error=f"{type(err).__name__}: {err}"[:300], waited_s=time.monotonic() - t0)
             (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
             return 3
+    elif mode == "update":
+        rec["runs"] = [_update_run(cfg, env, out) for cfg in json.loads(os.environ["TEST_CFGS"])]
     (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
     D.close()
     return 0
+
+
+def _update_run(cfg_dict: dict, env: D.Env, out: Path) -> dict:
+    """One step's episodes rolled out in full (the same in every process: same seeds, one thread), then 3
+    updates on this rank's share of them (its problems' calls, advantages from the full groups): the adapters
+    and per-role stats after each."""
+    from marlflow import rollout as ro
+    from marlflow import update as upd
+    from marlflow.config import RunConfig
+    from marlflow.train import build_trainer
+
+    grads: list = []  # each policy's gradient as the metrics, the intervention and clipping read it
+    finish = upd.finish_policy
+
+    def recording(pg, *args, **kwargs):
+        grads.append([pg.policy, pg.raw.tolist()])
+        return finish(pg, *args, **kwargs)
+
+    upd.finish_policy = recording  # the trainer calls it through the module
+
+    cfg = RunConfig.from_dict(cfg_dict)
+    trainer = build_trainer(cfg, out / f"{cfg.run_id}-rank{env.rank}-of{env.world}")
+    problems = trainer.problems_for(1)
+    ctx = trainer._ctx(cfg.grpo.temperature, seed=ro.rollout_seed(cfg.seed, 1))
+    episodes = ro.train_episodes(cfg, trainer.task, problems, ctx)
+    batch = ro.flatten(cfg, episodes)
+    mine = {p.uid for p in D.shard(problems, env.rank, env.world)}
+    sel = [i for i, (e, _) in enumerate((e, c) for e in episodes for c in e.calls) if e.problem.uid in mine]
+    calls, adv = [batch.calls[i] for i in sel], batch.advantages[sel]
+    stats = []
+    for k in range(3):  # the middle update without per-slot gradients (a step between grad_metrics_every)
+        st = trainer.update(calls, adv, metrics=k != 1)
+        stats.append({role: {m: float(v) for m, v in d.items()} for role, d in st.items()})
+    adapters = {p: torch.cat([t.detach().flatten() for t in ps]).tolist() for p, ps in trainer.params.items()}
+    upd.finish_policy = finish
+    return {"run_id": cfg.run_id, "local_calls": len(calls), "all_calls": len(batch.calls), "grads": grads,
+            "live": int((batch.advantages != 0).sum()), "stats": stats, "adapters": adapters,
+            "lr": cfg.grpo.learning_rate}  # fmt: skip
 
 
 def _free_port() -> int:
@@ -304,6 +349,57 @@ def test_a_stuck_rank_ends_the_other_at_the_collective_timeout(tmp_path):
     assert code == 3, procs[0].stderr.read()[-3000:]
     rec = _read(tmp_path, 0)
     assert 2.5 <= rec["waited_s"] < 20, rec  # the 3 s timeout, not the 600 s the stuck rank sleeps
+
+
+# Chunk-level token means (TRL's per-chunk entropy and clip ratio, weighted by the chunk's calls): they depend on
+# how a rank's calls are cut into chunks, as they do on micro_batch_size in one process; not gradient metrics.
+CHUNK_MEANS = ("entropy", "clip_frac")
+
+
+def test_two_ranks_update_like_one_process_sp_and_ip(tmp_path):
+    """One update (issue 27): 2 gloo ranks, each holding its own problems' calls of a step, compute the gradient
+    and the per-role gradient metrics of one process that holds every call, for Voting SP (parallel slots on
+    one adapter) and Eval-Opt IP (two adapters, rounds only some episodes reach), over 3 updates.
+
+    The gradient (what every metric, the intervention and clipping read) agrees within 1e-5 of its largest
+    entry, and the ranks agree with each other exactly. The adapters agree within 0.1 learning rate, not 1e-5:
+    AdamW's first steps move a coordinate by ~lr x g / (|g| + 1e-8), so a coordinate whose gradient is a few
+    1e-9 (about half of them here) turns a 1e-10 difference in summation order into ~1e-4 x lr
+    (docs/slurm.md, "Several GPUs per run"). A wrong reduction (a mean instead of a sum, local loss
+    normalisers) changes the gradient by a factor, which the gradient check catches and Adam would hide."""
+    model = ROOT / "src/marlflow/toy_model"
+    cfgs = [_cfg(model=str(model), grpo=None, workflow=w, sharing=sh) for w, sh in
+            (("voting", "sp"), ("eval_opt", "ip"))]  # fmt: skip
+    env = {"TEST_CFGS": json.dumps([c.to_dict() for c in cfgs]), "HF_HUB_OFFLINE": "1"}
+    one = tmp_path / "one"
+    one.mkdir()
+    alone = subprocess.Popen([sys.executable, str(HERE), "update", str(one)], env=_clean_env(**env), cwd=ROOT,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    procs = _slurm_ranks("update", tmp_path, **env)
+    codes = [p.wait(timeout=600) for p in [alone, *procs]]
+    assert codes == [0, 0, 0], [p.stderr.read()[-3000:] for p in [alone, *procs]]
+    ref, r0, r1 = _read(one, 0), _read(tmp_path, 0), _read(tmp_path, 1)
+    assert ref["world"] == 1 and r0["world"] == r1["world"] == 2
+    for a, b, c in zip(ref["runs"], r0["runs"], r1["runs"]):
+        rid = a["run_id"]
+        assert b["local_calls"] + c["local_calls"] == a["local_calls"] == a["all_calls"]
+        assert 0 < b["local_calls"] < a["all_calls"] and a["live"] > 0, rid
+        assert b["grads"] == c["grads"] and b["adapters"] == c["adapters"] and b["stats"] == c["stats"]
+        first = len(cfgs[0].policies if rid.startswith("voting") else cfgs[1].policies)  # the first update's
+        assert [p for p, _ in b["grads"]] == [p for p, _ in a["grads"]]
+        for (policy, ga), (_, gb) in zip(a["grads"][:first], b["grads"][:first]):
+            ga, gb = torch.tensor(ga), torch.tensor(gb)
+            assert ga.abs().max() > 0 and (gb - ga).abs().max() <= 1e-5 * ga.abs().max(), (rid, policy)
+        for policy, w in a["adapters"].items():
+            diff = (torch.tensor(b["adapters"][policy]) - torch.tensor(w)).abs().max().item()
+            assert diff <= 0.1 * a["lr"], (rid, policy, diff)
+        for k, (sa, sb) in enumerate(zip(a["stats"], b["stats"])):
+            assert sa.keys() == sb.keys(), (rid, k)
+            for role in sa:
+                assert sa[role].keys() == sb[role].keys(), (rid, k, role)
+                for m, v in sa[role].items():
+                    if m not in CHUNK_MEANS:
+                        assert sb[role][m] == pytest.approx(v, rel=1e-4, abs=1e-5), (rid, k, role, m)
 
 
 if __name__ == "__main__":

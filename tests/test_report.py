@@ -273,6 +273,11 @@ def test_intervention_traces_and_contrast_section(runs, tmp_path):
     written = build(tmp_path / "with_cg", both)
     page = written["report.html"].read_text()
     assert "Interventions - none" in page and "id='intervention_traces'" in page
+    # the pooled table aggregate computed (no declaration was passed: every intervention against none)
+    pooled = page[page.index("id='pooled_interventions'") : page.index("id='intervention_traces'")]
+    for text in ('<td>cg - none</td><td>terminal_mean3</td><td class="n">1</td>', "<td>bonferroni</td>",
+                 "<td>inconclusive</td>"):  # fmt: skip
+        assert text in pooled, text
     assert "No interventions in this matrix" not in page
     out = tmp_path / "with_cg" / "out"
     assert sorted(written.values()) == sorted(

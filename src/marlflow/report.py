@@ -97,7 +97,7 @@ ITV_FIGURE = "interventions.png"  # drawn only when a run has an intervention
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
 # Tables of the statistics step (marlflow.analysis.seeds / claims), shown when the aggregate step wrote them
-OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv"]
+OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv", "interventions.csv"]
 CELL_KEYS = ["workflow", "sharing", "scale", "task", "intervention"]
 MISSING_TABLE = (
     "{name} was not found next to summary.parquet: the aggregate step that wrote these tables predates it. "
@@ -879,7 +879,39 @@ def contrasts_html(con: pd.DataFrame, kind: str) -> str:
     return table(pd.DataFrame(recs), raw_columns=stats)
 
 
-def contrasts_section(con: pd.DataFrame | None) -> list[str]:
+def pooled_interventions_html(itv: pd.DataFrame | None) -> list[str]:
+    """interventions.csv (aggregate: the preset's declared pooled analysis) as a table: a row per intervention
+    and statistic, the difference from the baseline with its corrected interval, pairs, cells, the correction
+    and the verdict (on the primary statistic only)."""
+    if itv is None:
+        return [f"<p class='note'>{MISSING_TABLE.format(name='interventions.csv')}</p>"]
+    _need(itv, "interventions.csv", ["intervention", "baseline", "stat", "n_pairs", "mean", "lo", "hi", "ci_level",
+                                     "correction", "verdict"])  # fmt: skip
+    if itv.empty:
+        return []
+    recs = [
+        {
+            "intervention": f"{r['intervention']} - {r['baseline']}",
+            "stat": r["stat"],
+            "pairs": int(r["n_pairs"]),
+            "difference": ci_html(r["mean"], r["lo"], r["hi"], signed=True),
+            "level": f"{float(r['ci_level']):.4g}",
+            "correction": r["correction"],
+            "verdict": "" if _missing(r["verdict"]) else r["verdict"],
+        }
+        for r in itv.to_dict("records")
+    ]
+    return [
+        "<h3 id='pooled_interventions'>Pooled over cells and replicates</h3>",
+        "<p class='note'>Each intervention minus the baseline, paired within cell and replicate and pooled, as "
+        "the preset declares it in matrix.yaml (analysis.interventions; interventions.md says what was declared, "
+        "or that nothing was). Intervals at the corrected level shown; cliff: Newcombe's paired interval; the "
+        "verdict is on the declared statistic only. From interventions.csv.</p>",
+        table(pd.DataFrame(recs), raw_columns=("difference",)),
+    ]
+
+
+def contrasts_section(con: pd.DataFrame | None, itv: pd.DataFrame | None = None) -> list[str]:
     out = ["<h2 id='paired'>Paired SP - IP</h2>"]
     if con is None:
         return [*out, f"<p class='note'>{MISSING_TABLE.format(name='contrasts.csv')}</p>"]
@@ -903,6 +935,7 @@ def contrasts_section(con: pd.DataFrame | None) -> list[str]:
             "task and seed), mean over seeds with its 95% CI. For cliff: negative means fewer cliffs. The "
             "cells' own peak, terminal and cliff rate are in the summary by cell below.</p>",
             contrasts_html(con, "itv-none"),
+            *pooled_interventions_html(itv),
         ]
     return out
 
@@ -1015,7 +1048,7 @@ def render_overview(
         figure(figures["curves.png"], "curves.png"),
         "<h2 id='peak_terminal'>Peak / terminal</h2>",
         peak_terminal_html(summary),
-        *contrasts_section(tables.get("contrasts.csv")),
+        *contrasts_section(tables.get("contrasts.csv"), tables.get("interventions.csv")),
     ]
     if careless_logged:
         body += [

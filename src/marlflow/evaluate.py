@@ -19,10 +19,11 @@ where it can), else the run's own. A run's own budget is sized for its own task 
 code: 40), and an answer cut off is scored wrong. When more than 5% of the calls hit the budget, the command
 warns on stderr and in the JSON.
 
-The evaluation is `MultiAgentGRPOTrainer.evaluate` itself (same prompts, sampling, seeded RNG stream and
-metrics as the evaluations during training), called on a trainer built for task T in a throwaway folder:
-nothing under RUN except evals/ is written. Evaluating the run's own task at its last step therefore
-reproduces the training's last evaluation (tests/test_cli.py checks this).
+The evaluation is `marlflow.evaluation.evaluate`, the function training's evaluations call (same prompts,
+sampling, seeded RNG stream and metrics), on the model, rollout backend and test problems alone: no trainer,
+optimizer or train split is built, and nothing under RUN except evals/ is written. Evaluating the run's own
+task at its last step therefore reproduces the training's last evaluation (tests/test_cli.py checks this).
+Validation problems (task.val_size) are not evaluated: they exist for what selects during training.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import dataclasses
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +41,7 @@ from marlflow.config import ConfigError, RunConfig, TaskSpec
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.runs import RunError, find_checkpoint, load_policy_model, load_run, run_root
 from marlflow.tasks import get_task
+from marlflow.tasks.splits import test_problems
 
 log = logging.getLogger("marlflow.evaluate")
 
@@ -134,22 +135,35 @@ def evaluate_run(
 
     import torch  # heavy imports after the cheap checks, so bad input fails fast
 
+    from marlflow.evaluation import evaluate
+    from marlflow.fastgen import use_gqa_sdpa
+    from marlflow.generation import ChatEncoder, make_backend
     from marlflow.train import preflight
-    from marlflow.trainer import MultiAgentGRPOTrainer
 
     if device:
         ecfg = dataclasses.replace(ecfg, device=device)
     preflight(ecfg)
     torch.set_num_threads(ecfg.threads)
+    task_obj = get_task(ecfg.task.name)
+    problems = test_problems(task_obj, ecfg.task)
+    if not problems:
+        raise ValueError(
+            f"task {ecfg.task.name!r} has an empty test split; pass --test-file or another --task"
+        )
     model, tok = load_policy_model(ecfg, run_dir, ckpt)
-    # A throwaway out_dir: the trainer (TRL's Trainer) creates folders under it, and the run folder must
-    # keep exactly what training left there.
-    with tempfile.TemporaryDirectory(prefix="marlflow-eval-") as scratch:
-        trainer = MultiAgentGRPOTrainer(ecfg, model, tok, get_task(ecfg.task.name), scratch)
-        trainer.step = step
-        acc = trainer.evaluate_workflow(step, base=step == 0)  # step 0: routed as training's step 0 is
+    use_gqa_sdpa(model)  # as the trainer does (the same forward, K/V heads read in place)
+    backend = make_backend(ecfg.backend, model, tok, ecfg.policies, ecfg)
+    try:
+        if hasattr(task_obj, "warm_up"):  # code tasks: start (and check) the sandbox
+            task_obj.warm_up()
+        encoder = ChatEncoder(tok, ecfg.grpo.max_prompt_length)
+        # step 0: every role routed to the first policy, as training's step-0 evaluation is
+        ev = evaluate(ecfg, task_obj, backend, encoder, problems, step, base=step == 0)
+    finally:
+        backend.close()
+    acc = ev.accuracy
     metrics_path, samples_path = output_paths(run_dir, ecfg.task.name, step)
-    metrics = pd.DataFrame(trainer.metric_rows)
+    metrics = pd.DataFrame(ev.metric_rows)
     roles = metrics[(metrics.role != "all") & metrics.metric.isin(["truncated_share", "calls"])]
     per_role = roles.pivot_table(index="role", columns="metric", values="value")
     truncated = float((per_role.truncated_share * per_role.calls).sum() / per_role.calls.sum())
@@ -158,7 +172,7 @@ def evaluate_run(
              {**all_row, "metric": "truncated_share", "value": truncated}]  # fmt: skip
     metrics = pd.concat([metrics, pd.DataFrame(extra)], ignore_index=True)
     write_metrics(metrics, metrics_path)
-    atomic_write_parquet(pd.DataFrame(trainer.sample_rows, columns=SAMPLE_COLUMNS), samples_path)
+    atomic_write_parquet(pd.DataFrame(ev.sample_rows, columns=SAMPLE_COLUMNS), samples_path)
     warnings = []
     if truncated > TRUNCATION_WARN:
         warnings.append(

@@ -649,3 +649,40 @@ def test_evidence_collect_pools_several_checkouts_with_each_commit(tmp_path):
         pd.read_parquet(out / "summary.parquet"), summarize_runs(pd.read_parquet(out / "metrics.parquet"))
     )
     assert evidence.render("pooled", tmp_path / "evidence", check=True) == []
+
+
+def test_headline_peaks_never_select_on_test_outcomes():
+    """Two matrices that differ only in the test accuracy of steps the validation problems did not pick (a
+    spike of 0.99 at step 10 in every run) give identical held-out peaks, steps, peak / terminal numbers, SP - IP
+    peak contrasts and C3; the in-sample peak moves with the spike."""
+    from marlflow.analysis.claims import claims_table
+    from marlflow.analysis.seeds import contrasts
+
+    steps = [0, 10, 20, 30, 40]
+
+    def matrix(spike: float) -> pd.DataFrame:
+        m = []
+        for rid, acc, val in (("voting-sp-toy-math-s0", [0.3, 0.5, 0.6, 0.55, 0.5], [0.3, 0.4, 0.6, 0.5, 0.5]),
+                              ("voting-ip-toy-math-s0", [0.3, 0.5, 0.7, 0.65, 0.6], [0.3, 0.4, 0.5, 0.7, 0.6])):  # fmt: skip
+            m += eval_rows(rid, steps, [spike if s == 10 else a for s, a in zip(steps, acc)]) + val_rows(
+                rid, steps, val
+            )
+        return pd.DataFrame(m)
+
+    plain, spiked = summarize_runs(matrix(0.5)), summarize_runs(matrix(0.99))
+    cols = ["run_id", "peak_heldout_step", "peak_heldout", "gain_heldout", "terminal"]
+    pd.testing.assert_frame_equal(plain[cols], spiked[cols])
+    assert (
+        (plain["peak"] < 0.9).all() and (spiked["peak"] == 0.99).all() and (spiked["peak_step"] == 10).all()
+    )
+    # the numbers of the peak / terminal table stay; only its cliff mark may change: the cliff flag is a test
+    # on the test problems (calibrated over every candidate peak), which the spike then fails
+    unmarked = [peak_terminal_table(s).map(lambda v: v.replace(" †", "")) for s in (plain, spiked)]
+    pd.testing.assert_frame_equal(*unmarked)
+    heldout = [c[c["stat"].isin(["peak_heldout", "gain_heldout"])].reset_index(drop=True)
+               for c in (contrasts(plain), contrasts(spiked))]  # fmt: skip
+    pd.testing.assert_frame_equal(*heldout)
+    assert heldout[0].set_index("stat").loc["peak_heldout", "mean"] == pytest.approx(0.6 - 0.65)
+    c3 = [claims_table(s, pd.DataFrame(columns=GRAD_COLUMNS)).set_index("claim").loc["C3", "value"]
+          for s in (plain, spiked)]  # fmt: skip
+    assert c3[0] == c3[1] == pytest.approx(0.05)

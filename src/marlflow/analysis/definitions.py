@@ -155,13 +155,18 @@ evaluator vs generator, orch_workers orchestrator vs worker; single: never), com
       that is not the role's own valid answer (voting: \\boxed{N}; eval_opt: \\boxed{Correct/Incorrect};
       orch_workers: none, every \\boxed{} is a solution).
 
-Across seeds (summary_by_cell, contrasts; cell = workflow, sharing, scale, task, intervention):
-- mean and 95% CI over seeds, t-interval mean +- t_{0.975, s-1} sd / sqrt(s) (s seeds); with one seed the
-  CI is n/a. cliff_rate / collapse_rate / stagnation_rate = share of seeds with the flag, CI = Wilson score
-  interval (inside [0, 1]; 0 of 3 seeds gives [0, 0.56]). The paired cliff difference's t-interval is cut to [-1, 1].
-- sp_minus_ip: per (workflow, scale, task, intervention) the per-seed difference SP - IP (same seed = same
-  problems at every step), then mean and CI over seeds. ma_minus_sa: each workflow x sharing minus `single`
-  (sp) at the same scale, task, intervention and seed.
+Across replicates (summary_by_cell, contrasts; cell = workflow, sharing, scale, task, intervention; a
+replicate = a seed, or a (seed, toy build) pair where runs carry the build axis; n_seeds counts replicates):
+- mean and 95% CI over replicates, t-interval mean +- t_{0.975, s-1} sd / sqrt(s) (s replicates); with one
+  the CI is n/a. cliff_rate / collapse_rate / stagnation_rate = share of replicates with the flag, CI = Wilson
+  score interval (inside [0, 1]; 0 of 3 gives [0, 0.56]). The paired cliff difference's t-interval is cut to [-1, 1].
+- Peaks in these tables, the peak / terminal table, the findings and the claims: peak_heldout (else
+  peak_confirmed where runs have no validation set); never the in-sample peak.
+- sp-ip: per (workflow, scale, task, intervention) the per-replicate difference SP - IP (same seed = same
+  problems at every step), then mean and CI over replicates. ma-sa: each workflow x sharing minus `single`
+  (sp) at the same scale, task, intervention and replicate. itv-none: each intervention minus none in the
+  same cell and replicate. interventions.csv pools each intervention's pairs over cells as the preset
+  declares it (matrix.yaml analysis.interventions), intervals corrected over the compared interventions.
 
 Gradient metrics (trainer.update, per train step; one meaning under SP and IP):
 - g_r: role r's part of its policy's gradient (its calls' loss terms in the policy's batch loss).

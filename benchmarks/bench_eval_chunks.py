@@ -1,6 +1,7 @@
 """Evaluation in one batch vs in chunks of problems, on the toy workflows (issue 12, a lever measured and not taken).
 
     PYTHONPATH=src python benchmarks/bench_eval_chunks.py [--model results/models/toy] [--chunk 64] [--reps 2]
+        [--quick]   # tiny mode (benchmarks/harness.py): 1 round of the first run
 
 For each run of the toy preset below, the trainer's evaluation rollout (200 problems, eval temperature, 1 thread)
 runs once over all problems and once in chunks of `--chunk` problems, alternating, `--reps` times. It prints
@@ -10,16 +11,13 @@ accuracies differ between the two by sampling noise.
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
+from harness import interleaved, parser, setup, toy_configs
 
-from marlflow.config import RunConfig
-from marlflow.matrix import run_sheet
 from marlflow.train import build_trainer
 from marlflow.workflows import rollout
 
@@ -27,35 +25,29 @@ RUNS = ("voting-sp-toy-math-s0", "eval_opt-sp-toy-math-s0", "orch_workers-sp-toy
         "single-sp-toy-math-s0", "single-sp-toy-code-s0")  # fmt: skip
 
 
+def _evaluate(cfg, tr, size: int) -> float:
+    """The evaluation rollout in chunks of `size` problems (all of them: one batch), seed 0; its accuracy."""
+    probs = tr.eval_problems
+    torch.manual_seed(0)
+    ctx = tr._ctx(cfg.grpo.eval_temperature, seed=0)
+    eps = [e for i in range(0, len(probs), size) for e in rollout(cfg, tr.task, probs[i : i + size], ctx, 1)]
+    return sum(e.reward for e in eps) / len(eps)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--matrix", default="matrix.yaml")
+    ap = parser(__doc__, reps=2)
     ap.add_argument("--chunk", type=int, default=64, help="problems per chunk")
-    ap.add_argument("--reps", type=int, default=2)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    sheet = run_sheet(args.matrix, preset="toy")
+    args = setup(ap.parse_args(argv))
+    configs = toy_configs(args)
     print("| run | one batch: s (accuracy) | chunks: s (accuracy) |\n|---|---|---|")
-    for rid in RUNS:
-        cfg = RunConfig.from_dict({**json.loads(sheet.loc[rid, "config"]), "model": args.model})
+    for rid in RUNS[: 1 if args.quick else None]:
+        cfg = configs[rid]
         with tempfile.TemporaryDirectory() as tmp:
             tr = build_trainer(cfg, Path(tmp))
-            probs, res = tr.eval_problems, {"one": [], "chunks": []}
-            for _ in range(args.reps):
-                for name, size in (("one", len(probs)), ("chunks", args.chunk)):
-                    torch.manual_seed(0)
-                    ctx = tr._ctx(cfg.grpo.eval_temperature, seed=0)
-                    t0 = time.perf_counter()
-                    eps = [
-                        e
-                        for i in range(0, len(probs), size)
-                        for e in rollout(cfg, tr.task, probs[i : i + size], ctx, 1)
-                    ]
-                    res[name].append(
-                        f"{time.perf_counter() - t0:.2f} ({sum(e.reward for e in eps) / len(eps):.3f})"
-                    )
-        print(f"| {rid} | {', '.join(res['one'])} | {', '.join(res['chunks'])} |", flush=True)
+            sizes = {"one": len(tr.eval_problems), "chunks": args.chunk}
+            times, acc = interleaved({n: partial(_evaluate, cfg, tr, k) for n, k in sizes.items()}, args.reps)
+        cols = [", ".join(f"{t:.2f} ({acc[n]:.3f})" for t in times[n]) for n in sizes]
+        print(f"| {rid} | {cols[0]} | {cols[1]} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Interleaved A/B of the step-time levers of issue 12 on the toy workflows.
 
     python benchmarks/bench_levers.py [--model results/models/toy] [--steps 8] [--task math] [--sharing sp]
+        [--quick]   # tiny mode (benchmarks/harness.py): 1 measured step of the first workflow
 
 For each toy workflow two trainers are built from the toy preset's config with the same seed: A as before the
 levers (`micro_batch_size` 0, i.e. a slot's calls in one forward-backward chunk, and no shared prefill in
@@ -12,19 +13,16 @@ per completion (role call) per step, and the ratio B / A is taken per step, then
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from bench_vs_trl import toy_parser  # this folder is on sys.path when run as a script
+from harness import add_cells, parser, setup, toy_cells
 
-from marlflow.config import RunConfig
-from marlflow.matrix import run_sheet
 from marlflow.train import build_trainer
 
 KEYS = ("time_generate", "time_backward", "step_time")
@@ -41,30 +39,24 @@ def _last_step(trainer) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = toy_parser(__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8, help="measured steps per workflow, after 1 warm-up")
+    ap = add_cells(parser(__doc__, reps=8))
+    ap.add_argument("--steps", dest="reps", type=int, default=argparse.SUPPRESS,
+                    help="measured steps per workflow, after 1 warm-up (= --reps; default 8)")  # fmt: skip
     ap.add_argument("--json", help="write every step's numbers here")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    sheet = run_sheet(args.matrix, preset="toy")
-    sheet = sheet[(sheet.task == args.task) & sheet.workflow.isin(args.workflows)]
-    sheet = sheet[(sheet.sharing == args.sharing) | (sheet.workflow == "single")]
-    print(
-        f"machine: {platform.machine()}, torch {torch.__version__}, 1 thread; {args.steps} steps after 1 warm-up"
-    )
+    args = setup(ap.parse_args(argv))
+    print(f"{args.reps} steps after 1 warm-up")
     print("| run | A step s | B step s | A calls | B calls | A generate s | B generate s | A fwd+bwd s | "
           "B fwd+bwd s | B / A per call (median, min-max) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for run_id, row in sheet.iterrows():
-            cfg = RunConfig.from_dict({**json.loads(row.config), "model": args.model})
+        for run_id, cfg in toy_cells(args).items():
             a = build_trainer(dataclasses.replace(cfg, micro_batch_size=0), Path(tmp) / f"{run_id}-a")
             a.backend.share_prefill = False
             b = build_trainer(cfg, Path(tmp) / f"{run_id}-b")
             assert cfg.micro_batch_size == 32 and b.backend.share_prefill
             steps = {"a": [], "b": []}
-            for step in range(1, args.steps + 2):
+            for step in range(1, args.reps + 2):
                 for name, tr in (("a", a), ("b", b)):
                     t0 = time.perf_counter()
                     tr.train_step(step)

@@ -1,6 +1,7 @@
 """Forward-backward of G rollouts per prompt: every row recomputes its prompt vs the prompt computed once.
 
     .venv/bin/python benchmarks/bench_prefix_share.py [--model results/models/toy] [--reps 5] [--threads 1]
+        [--quick]   # tiny mode (benchmarks/harness.py): 1 round of the shortest shape
 
 What a GRPO update on the toy model costs per chunk of 32 calls (4 prompts x G=8, the trainer's chunk), and
 what prefix sharing saves (issue 12's "prefix sharing" lever; the trainer's `_shared_prefix_logps`): "full" runs
@@ -14,12 +15,10 @@ and completion lengths are those of the toy workflows' stages (single's 32-token
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+from functools import partial
 
 import torch
-import transformers
+from harness import interleaved, medians, parser, setup
 
 
 def lora_model(path: str):
@@ -71,23 +70,17 @@ def grads(model, fn, *args) -> tuple[float, torch.Tensor]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(args.threads)
+    args = setup(parser(__doc__, reps=5).parse_args(argv))
     torch.manual_seed(0)
     model = lora_model(args.model)
     vocab = model.config.vocab_size
-    print(f"torch {torch.__version__}, threads {args.threads}, 4 prompts x G=8 per chunk")
+    print(f"4 prompts x G=8 per chunk, median of {args.reps} interleaved rounds")
     print(
         "| prompt tokens | completion tokens | full ms | shared ms | shared / full | max grad diff / max grad |"
     )
     print("|---|---|---|---|---|---|")
-    for p, c in ((32, 12), (40, 24), (90, 20), (150, 24), (200, 25)):
+    shapes = ((32, 12), (40, 24), (90, 20), (150, 24), (200, 25))
+    for p, c in shapes[: 1 if args.quick else None]:
         prompts = torch.randint(3, vocab, (4, p))
         comps = torch.randint(3, vocab, (32, c))
         adv = torch.randn(32)
@@ -98,13 +91,12 @@ def main(argv=None) -> None:
         assert abs(lf - ls) <= 1e-4 * abs(lf), (lf, ls)
         rel = ((gf - gs).abs().max() / gf.abs().max()).item()
         assert rel < 1e-3, rel
-        times = {"full": [], "shared": []}
-        for _ in range(args.reps):
-            for name, fn in (("full", full), ("shared", shared)):
-                t = time.perf_counter()
-                grads(model, fn, prompts, comps, adv)
-                times[name].append(time.perf_counter() - t)
-        f, s = statistics.median(times["full"]), statistics.median(times["shared"])
+        variants = {
+            n: partial(grads, model, fn, prompts, comps, adv)
+            for n, fn in (("full", full), ("shared", shared))
+        }
+        med = medians(interleaved(variants, args.reps)[0])
+        f, s = med["full"], med["shared"]
         print(f"| {p} | {c} | {1000 * f:.1f} | {1000 * s:.1f} | {s / f:.2f} | {rel:.1e} |", flush=True)
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vs_trl.py --model results/models/toy [--pairs 8] [--task math] [--sharing sp]
         [--workflows single eval_opt voting orch_workers] [--trl-micro-batch 32] [--ours-micro-batch N]
-        [--no-live] [--json out.json]
+        [--no-live] [--json out.json] [--quick]   # tiny mode (benchmarks/harness.py): 1 pair, first workflow
 
 For each workflow (the toy preset's run of `--task` and `--sharing`, from matrix.yaml, 1 thread):
 
@@ -55,7 +55,6 @@ import dataclasses
 import json
 import logging
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -67,21 +66,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from harness import add_cells, environment, parser, setup, toy_cells  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from marlflow.config import RunConfig  # noqa: E402
-from marlflow.matrix import run_sheet  # noqa: E402
 from marlflow.models import load_model_and_tokenizer  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
 from marlflow.tasks.toy import ToyCode, ToyMath  # noqa: E402
 from marlflow.train import build_trainer  # noqa: E402
 from marlflow.trainer import _grpo_args  # noqa: E402
 
-WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 # GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.trainer._grpo_args)
 SAME = ("num_generations", "max_completion_length", "learning_rate", "beta", "loss_type", "epsilon",
         "epsilon_high", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_grad_norm",
@@ -401,20 +398,10 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def toy_parser(description: str) -> argparse.ArgumentParser:
-    """The arguments every toy step benchmark takes: model, matrix, task, sharing, workflows."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--matrix", default="matrix.yaml")
-    ap.add_argument("--task", default="math", choices=["math", "code"])
-    ap.add_argument("--sharing", default="sp", choices=["sp", "ip"])
-    ap.add_argument("--workflows", nargs="+", default=list(WORKFLOWS), choices=WORKFLOWS)
-    return ap
-
-
 def main(argv=None) -> None:
-    ap = toy_parser(__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=8, help="measured (ours, TRL) pairs per workflow")
+    ap = add_cells(parser(__doc__, reps=8))
+    ap.add_argument("--pairs", dest="reps", type=int, default=argparse.SUPPRESS,
+                    help="measured (ours, TRL) pairs per workflow (= --reps; default 8)")  # fmt: skip
     ap.add_argument(
         "--ours-micro-batch",
         type=int,
@@ -429,33 +416,26 @@ def main(argv=None) -> None:
                     help="TRL's per_device_train_batch_size (gradient accumulation makes up the step); "
                     "0 = the whole step in one forward-backward")  # fmt: skip
     ap.add_argument("--json", help="write every step's numbers and the summary here")
-    args = ap.parse_args(argv)
+    args = setup(ap.parse_args(argv))
     if not Path(args.model, "config.json").exists():
         raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow.models`")
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     logging.getLogger("marlflow").setLevel(logging.WARNING)
-    sheet = run_sheet(args.matrix, preset="toy")
-    sheet = sheet[(sheet.task == args.task) & (sheet.sharing.isin([args.sharing, "sp"]))]
     results = {}
-    for wf in args.workflows:
-        rows = sheet[sheet.workflow == wf]
-        rows = rows[rows.sharing == args.sharing] if wf != "single" else rows
-        run_id, row = next(iter(rows.iterrows()))
-        cfg = RunConfig.from_dict({**json.loads(row.config), "model": args.model})
+    for run_id, cfg in toy_cells(args).items():
+        wf = cfg.workflow
         if args.ours_micro_batch is not None:
             cfg = dataclasses.replace(cfg, micro_batch_size=args.ours_micro_batch)
         t = time.perf_counter()
-        res = bench(cfg, args.pairs, args.live, args.trl_micro_batch, args.fp32gen)
+        res = bench(cfg, args.reps, args.live, args.trl_micro_batch, args.fp32gen)
         res["run_id"], res["seconds"] = run_id, time.perf_counter() - t
         res["summary"] = summarize(res)
         results[wf] = res
         print(f"{run_id}: {res['seconds']:.0f} s, TRL dataset {res['trl_prompts']} prompts x G, "
               f"micro-batch {res['trl_micro_batch']}, "
               f"{res['tokenizer_mismatches']} tokenization mismatches", flush=True)  # fmt: skip
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; model {args.model}; median of {args.pairs} interleaved "
-          "pairs after 1 warm-up step each")  # fmt: skip
+    print(
+        f"{environment()}; model {args.model}; median of {args.reps} interleaved pairs after 1 warm-up step each"
+    )
     print(table(results))
     if args.json:
         Path(args.json).write_text(

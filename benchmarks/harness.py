@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 
 
 def parser(doc: str, reps: int = 3, model: str | None = "results/models/toy") -> argparse.ArgumentParser:
@@ -42,6 +43,14 @@ def parser(doc: str, reps: int = 3, model: str | None = "results/models/toy") ->
     ap.add_argument(
         "--quick", action="store_true", help="tiny mode: 1 round, fewer cases; checks that it runs"
     )
+    return ap
+
+
+def add_cells(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--task, --sharing, --workflows: which toy runs a step benchmark measures (`toy_cells`)."""
+    ap.add_argument("--task", default="math", choices=["math", "code"])
+    ap.add_argument("--sharing", default="sp", choices=["sp", "ip"])
+    ap.add_argument("--workflows", nargs="+", default=list(WORKFLOWS), choices=WORKFLOWS)
     return ap
 
 
@@ -114,6 +123,20 @@ def eval_rollout(cfg, trainer, seed: int, temperature: float = 0.7, problems=Non
         torch.manual_seed(seed)
         episodes = rollout(cfg, trainer.task, problems, trainer._ctx(temperature, seed=seed), 1)
     return sum(e.reward for e in episodes) / len(episodes)
+
+
+def toy_cells(args: argparse.Namespace) -> dict:
+    """run id -> RunConfig of the toy runs add_cells selects: args.task, args.sharing (single: sp), one per
+    workflow in args.workflows order; under --quick the first workflow only."""
+    configs = toy_configs(args)
+    out = {}
+    for wf in args.workflows[: 1 if args.quick else None]:
+        sharing = "sp" if wf == "single" else args.sharing
+        rid = next(
+            r for r, c in configs.items() if (c.workflow, c.sharing, c.task_axis) == (wf, sharing, args.task)
+        )
+        out[rid] = configs[rid]
+    return out
 
 
 def interleaved(variants: dict[str, Callable[[], object]], reps: int) -> tuple[dict[str, list[float]], dict]:

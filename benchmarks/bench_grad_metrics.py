@@ -2,6 +2,7 @@
 
     python benchmarks/bench_grad_metrics.py [--model results/models/toy] [--reps 3] [--steps 3]
                                             [--sharing sp ip] [--task math] [--parity]
+                                            [--quick]   # tiny mode (benchmarks/harness.py): 1 round, 1 step, sp
 
 Each variant builds the toy preset's Voting trainer (matrix.yaml, 1 thread) and runs one warm-up step and
 `--steps` measured steps. "with" is grpo.grad_metrics_every=1 (per-slot gradients, proj_share, cos_others,
@@ -23,20 +24,17 @@ With the real reward such a model solves nothing, every advantage is 0 and there
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import platform
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
-import torch
+from harness import interleaved, parser, setup, toy_configs
 
 from marlflow.config import RunConfig
-from marlflow.matrix import run_sheet
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 from marlflow.train import build_trainer
@@ -82,23 +80,25 @@ def variant(cfg: RunConfig, every: int) -> RunConfig:
     return dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, grad_metrics_every=every))
 
 
+def _measure_into(out: list, cfg: RunConfig, steps: int) -> None:
+    out.append(measure(cfg, steps))
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--matrix", default="matrix.yaml")
+    ap = parser(__doc__)
     ap.add_argument("--task", default="math", choices=["math", "code"])
     ap.add_argument("--sharing", nargs="+", default=["sp", "ip"], choices=["sp", "ip"])
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--parity", action="store_true", help="reward = odd output length (see the docstring)")
-    args = ap.parse_args(argv)
+    args = setup(ap.parse_args(argv))
+    if args.quick:
+        args.steps, args.sharing = 1, args.sharing[:1]
     if not Path(args.model, "config.json").exists():
         raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow.models`")
-    sheet = run_sheet(args.matrix, preset="toy")
+    configs = toy_configs(args)
     print(
-        f"machine: {platform.machine()}, torch {torch.__version__}, model {args.model}; {args.reps} repetitions "
-        f"x {args.steps} steps after 1 warm-up per variant, interleaved; reward: "
-        f"{'parity' if args.parity else 'task'}"
+        f"model {args.model}; {args.reps} repetitions x {args.steps} steps after 1 warm-up per variant, "
+        f"interleaved; reward: {'parity' if args.parity else 'task'}"
     )
     print(
         "| run | calls run | step s with | step s without | fwd+bwd s with | fwd+bwd s without | paired fwd+bwd "
@@ -106,16 +106,14 @@ def main(argv=None) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for sharing in args.sharing:
-        rows = sheet[(sheet.task == args.task) & (sheet.workflow == "voting") & (sheet.sharing == sharing)]
-        run_id, row = next(iter(rows.iterrows()))
-        cfg = RunConfig.from_dict({**json.loads(row.config), "model": args.model})
+        run_id = f"voting-{sharing}-toy-{args.task}-s0"
+        cfg = configs[run_id]
         if args.parity:
             cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, name="parity"))
         res: dict[str, list[pd.DataFrame]] = {"with": [], "without": []}
-        for rep in range(args.reps):
-            order = ("with", "without") if rep % 2 == 0 else ("without", "with")
-            for name in order:
-                res[name].append(measure(variant(cfg, 1 if name == "with" else NEVER), args.steps))
+        variants = {n: partial(_measure_into, res[n], variant(cfg, 1 if n == "with" else NEVER), args.steps)
+                    for n in ("with", "without")}  # fmt: skip
+        interleaved(variants, args.reps)  # with, without, without, with, ...: drift hits both
         on, off = pd.concat(res["with"]), pd.concat(res["without"])
 
         base, d = statistics.median(off["step_time"]), paired(res, "time_backward")

@@ -4,8 +4,8 @@
     md = markdown_table(table)                # also used for summary.md, failures, gradient dynamics
     tex = peak_terminal_latex(table)          # captioned with caption(table.attrs["peak"])
 
-Cells are in points (accuracy x 100, one decimal), means over the seeds of a cell; a dagger marks a cell in
-which at least one seed has a terminal cliff. Runs with an intervention get their own row ("voting-ip+kl").
+Cells are in points (accuracy x 100, one decimal), means over the replicates of a cell; a dagger marks a cell in
+which at least one replicate has a terminal cliff. Runs with an intervention get their own row ("voting-ip+kl").
 The peak is the one headline estimate `peak_estimate` picks (held-out, else cross-fitted), never the
 in-sample maximum over the test evaluations.
 """
@@ -51,9 +51,9 @@ def peak_estimate(summary: pd.DataFrame) -> str:
 def caption(peak: str) -> str:
     """The peak / terminal table's caption for the peak estimate `peak` (a PEAK_ESTIMATES key)."""
     return (
-        f"Peak / terminal eval accuracy (points; mean over seeds). Peak: the {PEAK_ESTIMATES[peak][1]}; "
-        f"terminal: the last eval. {CLIFF_MARK} = at least one seed has a terminal cliff (the calibrated cliff "
-        "test: Definitions)."
+        f"Peak / terminal eval accuracy (points; mean over replicates). Peak: the {PEAK_ESTIMATES[peak][1]}; "
+        f"terminal: the last eval. {CLIFF_MARK} = at least one replicate has a terminal cliff (the calibrated "
+        "cliff test: Definitions)."
     )
 
 

@@ -7,9 +7,9 @@
 
 A problem's whole group (its G episodes) is rolled out together and its advantages read only that group
 (algos.group_advantages over (problem, slot) groups), so a data-parallel rank can roll out a disjoint share of
-the step's problems (`share`) and flatten its own episodes without any communication; only the update's
-gradients need summing (marlflow.update, PolicyGrad). Used by marlflow.trainer; what the metrics mean:
-marlflow.analysis.definitions.
+the step's problems (marlflow.distributed.shard) and flatten its own episodes without any communication; only
+the update's gradients need summing (marlflow.update.reduce_policy_grad). Used by marlflow.trainer; what the
+metrics mean: marlflow.analysis.definitions.
 """
 
 from __future__ import annotations
@@ -29,14 +29,6 @@ def step_problems(train_problems: list, seed: int, step: int, n: int) -> list:
     same data."""
     rng = random.Random(f"{seed}-{step}")
     return rng.sample(train_problems, min(n, len(train_problems)))
-
-
-def share(problems: list, rank: int, world: int) -> list:
-    """Rank `rank`'s disjoint share of the step's problems out of `world` ranks (every world-th from `rank`):
-    each problem, and so its whole group, on exactly one rank. world 1: all of them, in order."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world}) for {world} ranks, got {rank}")
-    return problems[rank::world]
 
 
 def rollout_seed(seed: int, step: int) -> int:

@@ -110,6 +110,37 @@ def output_paths(run_dir: Path, task: str, step: int) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".parquet"), stem.with_name(stem.name + "-samples.parquet")
 
 
+def _evaluate_checkpoint(ecfg: RunConfig, run_dir: Path, ckpt: Path | None, step: int):
+    """marlflow.evaluation.evaluate of checkpoint `ckpt` (None: the base) on ecfg's task: the model, the rollout
+    backend and the test problems, nothing else (no trainer, optimizer or train split)."""
+    import torch  # heavy imports after the cheap checks, so bad input fails fast
+
+    from marlflow.evaluation import evaluate
+    from marlflow.fastgen import use_gqa_sdpa
+    from marlflow.generation import ChatEncoder, make_backend
+    from marlflow.train import preflight
+
+    preflight(ecfg)
+    torch.set_num_threads(ecfg.threads)
+    task = get_task(ecfg.task.name)
+    problems = test_problems(task, ecfg.task)
+    if not problems:
+        raise ValueError(
+            f"task {ecfg.task.name!r} has an empty test split; pass --test-file or another --task"
+        )
+    model, tok = load_policy_model(ecfg, run_dir, ckpt)
+    use_gqa_sdpa(model)  # as the trainer does (the same forward, K/V heads read in place)
+    backend = make_backend(ecfg.backend, model, tok, ecfg.policies, ecfg)
+    try:
+        if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox
+            task.warm_up()
+        encoder = ChatEncoder(tok, ecfg.grpo.max_prompt_length)
+        # step 0: every role routed to the first policy, as training's step-0 evaluation is
+        return evaluate(ecfg, task, backend, encoder, problems, step, base=step == 0)
+    finally:
+        backend.close()
+
+
 def evaluate_run(
     run_dir: str | Path,
     task: str | None = None,
@@ -133,34 +164,9 @@ def evaluate_run(
     )
     ecfg = dataclasses.replace(ecfg, grpo=dataclasses.replace(ecfg.grpo, max_completion_length=budget))
 
-    import torch  # heavy imports after the cheap checks, so bad input fails fast
-
-    from marlflow.evaluation import evaluate
-    from marlflow.fastgen import use_gqa_sdpa
-    from marlflow.generation import ChatEncoder, make_backend
-    from marlflow.train import preflight
-
     if device:
         ecfg = dataclasses.replace(ecfg, device=device)
-    preflight(ecfg)
-    torch.set_num_threads(ecfg.threads)
-    task_obj = get_task(ecfg.task.name)
-    problems = test_problems(task_obj, ecfg.task)
-    if not problems:
-        raise ValueError(
-            f"task {ecfg.task.name!r} has an empty test split; pass --test-file or another --task"
-        )
-    model, tok = load_policy_model(ecfg, run_dir, ckpt)
-    use_gqa_sdpa(model)  # as the trainer does (the same forward, K/V heads read in place)
-    backend = make_backend(ecfg.backend, model, tok, ecfg.policies, ecfg)
-    try:
-        if hasattr(task_obj, "warm_up"):  # code tasks: start (and check) the sandbox
-            task_obj.warm_up()
-        encoder = ChatEncoder(tok, ecfg.grpo.max_prompt_length)
-        # step 0: every role routed to the first policy, as training's step-0 evaluation is
-        ev = evaluate(ecfg, task_obj, backend, encoder, problems, step, base=step == 0)
-    finally:
-        backend.close()
+    ev = _evaluate_checkpoint(ecfg, run_dir, ckpt, step)
     acc = ev.accuracy
     metrics_path, samples_path = output_paths(run_dir, ecfg.task.name, step)
     metrics = pd.DataFrame(ev.metric_rows)

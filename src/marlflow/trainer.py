@@ -2,20 +2,24 @@
 
 `MultiAgentGRPOTrainer` subclasses `trl.GRPOTrainer` (pinned to 1.16.0) and keeps TRL's loss
 (`_compute_loss`: clip-higher, loss types, fused log-prob head). What it replaces is the outer loop, so
-that one step reads top to bottom:
+that one step reads top to bottom. The step is split in three modules; this one holds the loop, the TRL
+overrides (log-probs, one chunk's loss: `piece_loss`), step-0 sharing, cliff_guard and the state:
 
-    problems  = the step's problems (a pure function of seed and step, so resume needs no sampler state)
-    episodes  = rollout(workflow, problems x G)             # batched: one generate per policy per stage
-    calls     = every role call of every episode, reward = the episode's final outcome (paper default)
-    adv       = GRPO advantages within (problem, slot) groups; check_groups() asserts none is mixed
-    for policy in policies:                                  # SP: "shared"; IP: one adapter per role type
-        for role routed to it:  for slot of the role:  loss = TRL _compute_loss(slot calls) * weight; backward
-                                g_r = the gradient the role added (sum of its slots' parts)
-        intervention hook: g = sum_r scale_r * g_r (marlflow.interventions.role_scales; KL acts on the loss)
-        clip this policy's gradient; step this policy's own AdamW and scheduler
-    evaluate every eval_every steps; checkpoint every save_every steps
+    marlflow.rollout     problems  = the step's problems (a pure function of seed and step: no sampler state)
+                         episodes  = workflows.rollout(problems x G)   # one generate per policy per stage
+                         calls     = every role call, reward = the episode's final outcome (paper default)
+                         adv       = GRPO advantages within (problem, slot) groups (check_groups: none mixed)
+    marlflow.update      for policy in policies:           # SP: "shared"; IP: one adapter per role type
+                             policy_backward: for role, slot, chunk: loss = TRL _compute_loss(chunk) * weight;
+                                 backward; g_r = the gradient the role added (sum of its slots' parts)
+                             [data-parallel hook: all-reduce the PolicyGrad here; see update.PolicyGrad]
+                             finish_policy: role metrics; intervention hook g = sum_r scale_r * g_r
+                                 (marlflow.interventions.role_scales; KL acts on the loss)
+                         apply_step: clip each policy's gradient; step its own AdamW and scheduler
+    marlflow.evaluation  evaluate every eval_every steps (the same function as `marlflow eval`)
+    marlflow.checkpoint  checkpoint every save_every steps: state_dict() / load_state_dict()
     SIGTERM / SIGUSR1 (marlflow.preempt): abandon the step if its update has not started, else finish it;
-                                checkpoint the last completed step; raise preempt.Preempted (exit 75, rerun)
+                         checkpoint the last completed step; raise preempt.Preempted (exit 75, rerun)
 
 Under SP each role's (and each slot's) gradient contribution is separated by differencing the accumulated
 gradient after each slot's backward, so per-role gradient metrics exist under both sharings with one

@@ -172,9 +172,10 @@ def main(argv=None) -> int:
         os.execvpe(launch[0], launch, distributed.launch_env(os.environ))
     env = distributed.init(cfg.device)
     if env.world > 1:
-        # The trainer does not yet split its step over ranks (issue 27: each rank's rollout of its shard, the
-        # gradient all-reduce before clipping, the split evaluation); N copies of the 1-rank run would each
-        # write the run's files. Refuse after the rendezvous, so a launch is checked end to end.
+        # The trainer sums its update over ranks (update.reduce_policy_grad) but does not yet split the rest of
+        # its step (issue 27, docs/slurm.md "Several GPUs per run": the rollout shard, gathered train metrics,
+        # the split evaluation, rank-0-only writes); N ranks would each write the run's files. Refuse after the
+        # rendezvous, so a launch is checked end to end.
         print(f"marlflow train: run {cfg.run_id}: rank {env.rank} of {env.world} ({env.source}) joined; ranks "
               f"{cfg.ranks} is not supported by the trainer yet (issue 27): set ranks: 1 in matrix.yaml "
               f"(presets.{cfg.preset}.run)", file=sys.stderr, flush=True)  # fmt: skip

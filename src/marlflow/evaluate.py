@@ -41,7 +41,7 @@ from marlflow.config import ConfigError, RunConfig, TaskSpec
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.runs import RunError, find_checkpoint, load_policy_model, load_run, run_root
 from marlflow.tasks import get_task
-from marlflow.tasks.splits import test_problems
+from marlflow.tasks.splits import eval_problems
 
 log = logging.getLogger("marlflow.evaluate")
 
@@ -123,7 +123,7 @@ def _evaluate_checkpoint(ecfg: RunConfig, run_dir: Path, ckpt: Path | None, step
     preflight(ecfg)
     torch.set_num_threads(ecfg.threads)
     task = get_task(ecfg.task.name)
-    problems = test_problems(task, ecfg.task)
+    problems = eval_problems(task, ecfg.task)
     if not problems:
         raise ValueError(
             f"task {ecfg.task.name!r} has an empty test split; pass --test-file or another --task"

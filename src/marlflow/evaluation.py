@@ -69,12 +69,18 @@ def episodes(cfg, task, backend, encoder, problems: list, seed: int, base: bool)
 
 @torch.no_grad()
 def evaluate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False) -> Evaluation:
-    """Workflow accuracy on the test problems (split "eval"): role "all" accuracy, its SE and n, the two fixed
-    halves' accuracies, the workflow's and the task's own metrics, time_eval; per role format failures,
-    completion lengths, truncated_share, calls (and the supervisor's solution_marker_share); the first
-    cfg.samples_per_eval episodes in full as sample rows."""
+    """Workflow accuracy on the test problems (split "eval"), one episode each: `eval_rows` of `episodes`."""
     t0 = time.perf_counter()
     eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + EVAL_SEED_OFFSET, base)
+    return eval_rows(cfg, task, step, eps, t0, encoder.tok)
+
+
+def eval_rows(cfg, task, step: int, eps: list, t0: float, tok) -> Evaluation:
+    """The test evaluation's rows from its episodes (in the problems' order; a data-parallel run gathers them
+    first): role "all" accuracy, its SE and n, the two fixed halves' accuracies, the workflow's and the task's
+    own metrics, time_eval (seconds since t0); per role format failures, completion lengths,
+    truncated_share, calls (and the supervisor's solution_marker_share); the first cfg.samples_per_eval
+    episodes in full as sample rows (prompts decoded with `tok`)."""
     values = accuracy(eps)
     # Two fixed halves of the eval set (episodes follow the problems' order): the analysis picks the peak step
     # on one half and reads it on the other (peak_confirmed), so the max over evals is not rewarded.
@@ -91,7 +97,7 @@ def evaluate(cfg, task, backend, encoder, problems: list, step: int, base: bool 
     values.update(solution_metrics(task, solved))
     values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
     metric_rows = rows(cfg.factors, step, "eval", "all", values) + _role_rows(cfg, step, eps)
-    return Evaluation(metric_rows, sample_rows(cfg, step, eps, encoder.tok), values["accuracy"])
+    return Evaluation(metric_rows, sample_rows(cfg, step, eps, tok), values["accuracy"])
 
 
 @torch.no_grad()

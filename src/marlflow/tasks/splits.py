@@ -20,7 +20,7 @@ import dataclasses
 from marlflow.tasks import Problem
 
 
-def test_problems(task, spec) -> list[Problem]:
+def eval_problems(task, spec) -> list[Problem]:
     """The first `spec.eval_size` problems of the task's test split: what every evaluation scores."""
     return task.load("test", spec)[: spec.eval_size]
 
@@ -31,7 +31,7 @@ def run_splits(task, spec) -> tuple[list[Problem], list[Problem], list[Problem]]
     Raises ValueError when the train split is too small to hold out `val_size` problems and keep some for
     training, or when a validation problem's prompt is also a test problem's (a task whose splits overlap)."""
     train = task.load("train", spec)
-    test = test_problems(task, spec)
+    test = eval_problems(task, spec)
     v = spec.val_size
     if v == 0:
         return train, [], test

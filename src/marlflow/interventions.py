@@ -13,7 +13,7 @@ kind and its parameters, and the run id gets `-<name>` (marlflow.matrix.run_id):
       cg:       {kind: cliff_guard, max_restores: 2, lr_factor: 0.5}  # on a cliff, back to the best eval
 
 Kinds, parameters and their ranges are in marlflow.config.INTERVENTION_KINDS (validated when a RunConfig is
-built). The trainer (marlflow.trainer.MultiAgentGRPOTrainer.update) applies them at one place:
+built). The trainer's update (marlflow.update: `finish_policy`, `apply_step`) applies them at one place:
 
 - on the loss: `role_beta` gives the KL coefficient of each role's sub-batch (the global grpo.beta, or I1's
   per-role value on top of it); the KL term is TRL's k3 estimator (`k3_kl`) against the base model, i.e. the

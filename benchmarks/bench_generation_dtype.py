@@ -17,12 +17,10 @@ import tempfile
 from dataclasses import replace
 from functools import partial
 
-from harness import eval_rollout, interleaved, parser, setup, toy_configs
+from harness import WORKFLOWS, eval_rollout, interleaved, parser, setup, toy_configs
 
 from marlflow.generation import native_bf16
 from marlflow.train import build_trainer
-
-WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 
 
 def main(argv=None) -> None:

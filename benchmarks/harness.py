@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from marlflow.workflows.spec import BUILTIN
+
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
+WORKFLOWS = BUILTIN  # the shipped workflows in table order (marlflow.workflows.spec)
 
 
 def parser(doc: str, reps: int = 3, model: str | None = "results/models/toy") -> argparse.ArgumentParser:

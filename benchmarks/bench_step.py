@@ -1,6 +1,7 @@
 """Per-step time split of the toy workflows: generate / score / forward-backward / other.
 
-    python benchmarks/bench_step.py [--model results/models/toy] [--steps 5] [--task toy_math]
+    python benchmarks/bench_step.py [--model results/models/toy] [--steps 5] [--task math]
+        [--quick]   # tiny mode (benchmarks/harness.py): 1 measured step of single
 
 Builds each toy workflow's trainer with the toy preset's settings (from matrix.yaml), runs one warm-up
 step and then `--steps` measured training steps, and prints a markdown table of per-step medians plus
@@ -11,17 +12,14 @@ Threads: 1 per job, as in the local profile (two jobs share the 2 cores).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
 import pandas as pd
-import torch
+from harness import parser, setup, toy_configs
 
 from marlflow.config import RunConfig
-from marlflow.matrix import run_sheet
 from marlflow.train import build_trainer
 
 KEYS = ("time_generate", "time_score", "time_backward", "time_other", "step_time", "generate_calls")
@@ -38,21 +36,17 @@ def bench(cfg: RunConfig, steps: int) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="results/models/toy")
-    ap.add_argument("--matrix", default="matrix.yaml")
+    ap = parser(__doc__, reps=5)
+    ap.add_argument("--steps", dest="reps", type=int, default=argparse.SUPPRESS,
+                    help="measured steps after 1 warm-up (= --reps; default 5)")  # fmt: skip
     ap.add_argument("--task", default="math", choices=["math", "code"])
-    ap.add_argument("--steps", type=int, default=5)
-    args = ap.parse_args(argv)
-    sheet = run_sheet(args.matrix, preset="toy")
-    sheet = sheet[sheet.task == args.task]
-    results = {}
-    for run_id, row in sheet.iterrows():
-        cfg = RunConfig.from_dict({**json.loads(row.config), "model": args.model})
-        results[run_id] = bench(cfg, args.steps)
+    args = setup(ap.parse_args(argv))
+    cells = {k: c for k, c in toy_configs(args).items() if c.task_axis == args.task}
+    if args.quick:
+        cells = {k: c for k, c in cells.items() if c.workflow == "single"}
+    results = {run_id: bench(cfg, args.reps) for run_id, cfg in cells.items()}
     base = next(v["step_time"] for k, v in results.items() if k.startswith("single"))
-    print(f"machine: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"median of {args.steps} steps after 1 warm-up")  # fmt: skip
+    print(f"median of {args.reps} steps after 1 warm-up")
     print("| run | generate s | score s | fwd+bwd s | other s | step s | x single | generate calls/step |")
     print("|---|---|---|---|---|---|---|---|")
     for run_id, r in results.items():

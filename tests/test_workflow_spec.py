@@ -33,9 +33,8 @@ def debate(monkeypatch):
     """The debate workflow registered the documented way (MARLFLOW_WORKFLOWS), for this test only."""
     monkeypatch.setattr(wspec, "_REGISTERED", {})  # registrations of this test do not outlive it
     monkeypatch.setenv(wspec.ENV_VAR, DEBATE)
-    monkeypatch.syspath_prepend(
-        str(TESTS)
-    )  # workflows_extra: importable here, and (PYTHONPATH) in subprocesses
+    # workflows_extra is importable here and, through PYTHONPATH, in subprocesses
+    monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     )

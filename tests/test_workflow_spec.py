@@ -93,6 +93,15 @@ def test_eval_opt_default_rounds_are_read_from_its_spec():
     assert spec_of("orch_workers").calls_per_episode(cfg_for("orch_workers", n_workers=2), "math") == 4
 
 
+def test_same_role_norm_is_allowed_where_the_spec_has_a_parallel_role():
+    srn = dict(intervention="srn", intervention_spec={"kind": "same_role_norm"})
+    with pytest.raises(
+        ConfigError, match=r"parallel same-role calls \(voting, orch_workers\); workflow 'eval_opt'"
+    ):
+        cfg_for("eval_opt", "ip", **srn)
+    assert cfg_for("orch_workers", "ip", **srn).intervention_spec == {"kind": "same_role_norm"}
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

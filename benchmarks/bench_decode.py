@@ -46,9 +46,15 @@ def _generate_before(backend):
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
         first, inv = distinct_rows(map(tuple, prompts))
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=backend.pad_id,
-                      eos_token_id=list(backend.eos_ids), do_sample=True, temperature=sampling.temperature,
-                      top_p=sampling.top_p, top_k=0)  # fmt: skip
+        kwargs = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=backend.pad_id,
+            eos_token_id=list(backend.eos_ids),
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,
+        )
         if len(first) < len(prompts) and width > 1:
             kwargs["past_key_values"] = prefill_cache(model, ids, mask, first, inv)
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
@@ -96,12 +102,17 @@ def main(argv=None) -> None:
         med = medians(times)
         for p in PATHS:
             totals[p] += med[p]
-        print(f"| {run_id} | {med['generate']:.2f} | {med['loop']:.2f} | {med['loop+kv']:.2f} | "
-              f"{med['loop'] / med['generate']:.2f} | {med['loop+kv'] / med['generate']:.2f} | "
-              f"{', '.join(f'{acc[p]:.3f}' for p in PATHS)} |", flush=True)  # fmt: skip
+        print(
+            f"| {run_id} | {med['generate']:.2f} | {med['loop']:.2f} | {med['loop+kv']:.2f} | "
+            f"{med['loop'] / med['generate']:.2f} | {med['loop+kv'] / med['generate']:.2f} | "
+            f"{', '.join(f'{acc[p]:.3f}' for p in PATHS)} |",
+            flush=True,
+        )
     g = totals["generate"]
-    print(f"| all {len(configs) if not args.quick else 1} runs | {g:.2f} | {totals['loop']:.2f} | "
-          f"{totals['loop+kv']:.2f} | {totals['loop'] / g:.2f} | {totals['loop+kv'] / g:.2f} | |")  # fmt: skip
+    print(
+        f"| all {len(configs) if not args.quick else 1} runs | {g:.2f} | {totals['loop']:.2f} | "
+        f"{totals['loop+kv']:.2f} | {totals['loop'] / g:.2f} | {totals['loop+kv'] / g:.2f} | |"
+    )
 
 
 if __name__ == "__main__":

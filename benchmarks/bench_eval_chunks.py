@@ -21,8 +21,13 @@ from harness import interleaved, parser, setup, toy_configs
 from marlflow.train import build_trainer
 from marlflow.workflows import rollout
 
-RUNS = ("voting-sp-toy-math-s0", "eval_opt-sp-toy-math-s0", "orch_workers-sp-toy-math-s0",
-        "single-sp-toy-math-s0", "single-sp-toy-code-s0")  # fmt: skip
+RUNS = (
+    "voting-sp-toy-math-s0",
+    "eval_opt-sp-toy-math-s0",
+    "orch_workers-sp-toy-math-s0",
+    "single-sp-toy-math-s0",
+    "single-sp-toy-code-s0",
+)
 
 
 def _evaluate(cfg, tr, size: int) -> float:

@@ -43,8 +43,10 @@ def main(argv=None) -> None:
         }
         times, acc = interleaved(variants, args.reps)
         m, b = statistics.median(times["model"]), statistics.median(times["bfloat16"])
-        print(f"| {wf} | {task} | {m:.2f} | {b:.2f} | {b / m:.2f} | {acc['model']:.3f}, {acc['bfloat16']:.3f} |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {wf} | {task} | {m:.2f} | {b:.2f} | {b / m:.2f} | {acc['model']:.3f}, {acc['bfloat16']:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,10 @@ def main(argv=None) -> None:
         if args.parity:
             cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, name="parity"))
         res: dict[str, list[pd.DataFrame]] = {"with": [], "without": []}
-        variants = {n: partial(_measure_into, res[n], variant(cfg, 1 if n == "with" else NEVER), args.steps)
-                    for n in ("with", "without")}  # fmt: skip
+        variants = {
+            n: partial(_measure_into, res[n], variant(cfg, 1 if n == "with" else NEVER), args.steps)
+            for n in ("with", "without")
+        }
         interleaved(variants, args.reps)  # with, without, without, with, ...: drift hits both
         on, off = pd.concat(res["with"]), pd.concat(res["without"])
 

@@ -40,13 +40,20 @@ def _last_step(trainer) -> dict:
 
 def main(argv=None) -> None:
     ap = add_cells(parser(__doc__, reps=8))
-    ap.add_argument("--steps", dest="reps", type=int, default=argparse.SUPPRESS,
-                    help="measured steps per workflow, after 1 warm-up (= --reps; default 8)")  # fmt: skip
+    ap.add_argument(
+        "--steps",
+        dest="reps",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="measured steps per workflow, after 1 warm-up (= --reps; default 8)",
+    )
     ap.add_argument("--json", help="write every step's numbers here")
     args = setup(ap.parse_args(argv))
     print(f"{args.reps} steps after 1 warm-up")
-    print("| run | A step s | B step s | A calls | B calls | A generate s | B generate s | A fwd+bwd s | "
-          "B fwd+bwd s | B / A per call (median, min-max) |")  # fmt: skip
+    print(
+        "| run | A step s | B step s | A calls | B calls | A generate s | B generate s | A fwd+bwd s | "
+        "B fwd+bwd s | B / A per call (median, min-max) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +79,14 @@ def main(argv=None) -> None:
                 n: {k: statistics.median(m[k] for m in v) for k in (*KEYS, "calls")} for n, v in steps.items()
             }
             out[run_id] = {"steps": steps, "ratios": ratios}
-            print(f"| {run_id} | {med['a']['step_time']:.3f} | {med['b']['step_time']:.3f} | "
-                  f"{med['a']['calls']:.0f} | {med['b']['calls']:.0f} | {med['a']['time_generate']:.3f} | "
-                  f"{med['b']['time_generate']:.3f} | {med['a']['time_backward']:.3f} | "
-                  f"{med['b']['time_backward']:.3f} | {statistics.median(ratios):.2f} "
-                  f"({min(ratios):.2f}-{max(ratios):.2f}) |", flush=True)  # fmt: skip
+            print(
+                f"| {run_id} | {med['a']['step_time']:.3f} | {med['b']['step_time']:.3f} | "
+                f"{med['a']['calls']:.0f} | {med['b']['calls']:.0f} | {med['a']['time_generate']:.3f} | "
+                f"{med['b']['time_generate']:.3f} | {med['a']['time_backward']:.3f} | "
+                f"{med['b']['time_backward']:.3f} | {statistics.median(ratios):.2f} "
+                f"({min(ratios):.2f}-{max(ratios):.2f}) |",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

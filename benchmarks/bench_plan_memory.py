@@ -53,8 +53,17 @@ def saved_bytes(arch, h, i, nh, nkv, hd, layers, r, dtype, seq=64, gqa=False) ->
     from marlflow.fastgen import use_gqa_sdpa
 
     cls = transformers.Qwen3Config if arch == "qwen3" else transformers.LlamaConfig
-    cfg = cls(vocab_size=512, hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=nh,
-              num_key_value_heads=nkv, head_dim=hd, tie_word_embeddings=True, attn_implementation="sdpa")  # fmt: skip
+    cfg = cls(
+        vocab_size=512,
+        hidden_size=h,
+        intermediate_size=i,
+        num_hidden_layers=layers,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype)
     if gqa:
@@ -79,14 +88,24 @@ def saved_bytes(arch, h, i, nh, nkv, hd, layers, r, dtype, seq=64, gqa=False) ->
     return sum(seen.values())
 
 
-FIT_POINTS = [("qwen3", 1024, 3072, 16, 8, 128, 64), ("qwen3", 2048, 6144, 16, 8, 128, 64),
-              ("qwen3", 2560, 9728, 32, 8, 128, 64), ("qwen3", 1024, 3072, 16, 8, 128, 8),
-              ("qwen3", 512, 3072, 16, 8, 128, 64), ("qwen3", 1024, 1024, 16, 8, 128, 64),
-              ("qwen3", 1024, 3072, 8, 8, 128, 64), ("qwen3", 1024, 3072, 16, 4, 128, 64),
-              ("qwen3", 1024, 3072, 16, 8, 64, 64), ("llama", 576, 1536, 9, 3, 64, 8),
-              ("llama", 1152, 1536, 9, 3, 64, 8), ("llama", 576, 3072, 9, 3, 64, 8),
-              ("llama", 576, 1536, 18, 3, 64, 8), ("llama", 576, 1536, 9, 9, 64, 8),
-              ("llama", 576, 1536, 9, 3, 64, 32), ("qwen3", 128, 384, 4, 2, 32, 8)]  # fmt: skip
+FIT_POINTS = [
+    ("qwen3", 1024, 3072, 16, 8, 128, 64),
+    ("qwen3", 2048, 6144, 16, 8, 128, 64),
+    ("qwen3", 2560, 9728, 32, 8, 128, 64),
+    ("qwen3", 1024, 3072, 16, 8, 128, 8),
+    ("qwen3", 512, 3072, 16, 8, 128, 64),
+    ("qwen3", 1024, 1024, 16, 8, 128, 64),
+    ("qwen3", 1024, 3072, 8, 8, 128, 64),
+    ("qwen3", 1024, 3072, 16, 4, 128, 64),
+    ("qwen3", 1024, 3072, 16, 8, 64, 64),
+    ("llama", 576, 1536, 9, 3, 64, 8),
+    ("llama", 1152, 1536, 9, 3, 64, 8),
+    ("llama", 576, 3072, 9, 3, 64, 8),
+    ("llama", 576, 1536, 18, 3, 64, 8),
+    ("llama", 576, 1536, 9, 9, 64, 8),
+    ("llama", 576, 1536, 9, 3, 64, 32),
+    ("qwen3", 128, 384, 4, 2, 32, 8),
+]
 TERMS = ["h", "i", "q", "kv", "heads", "kv_heads", "r", "qk_norm", "const"]
 
 
@@ -109,13 +128,17 @@ def fit() -> None:
             ys.append(y)
         coef, *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys), rcond=None)
         pred = np.array(xs, float) @ coef
-        print(f"{dtype} ({'trainer CPU attention' if gqa else 'transformers sdpa'}): "
-              + ", ".join(f"{t} {c:.2f}" for t, c in zip(TERMS, coef))
-              + f"; max |residual| {np.abs(pred - ys).max():.2f} B over {len(ys)} models")  # fmt: skip
+        print(
+            f"{dtype} ({'trainer CPU attention' if gqa else 'transformers sdpa'}): "
+            + ", ".join(f"{t} {c:.2f}" for t, c in zip(TERMS, coef))
+            + f"; max |residual| {np.abs(pred - ys).max():.2f} B over {len(ys)} models"
+        )
         for (arch, h, i, nh, nkv, hd, r), y in list(zip(FIT_POINTS, ys))[:3]:
             s = ModelShape(h, 28, i, nh, nkv, hd, 151936, True, arch == "qwen3")
-            print(f"  {h}/{i}/{nh}/{nkv} r={r}: measured {y / 1024:.1f} KiB, ACT_COEF "
-                  f"{s.act_bytes_per_token_layer(dtype, r) / 1024:.1f} KiB")  # fmt: skip
+            print(
+                f"  {h}/{i}/{nh}/{nkv} r={r}: measured {y / 1024:.1f} KiB, ACT_COEF "
+                f"{s.act_bytes_per_token_layer(dtype, r) / 1024:.1f} KiB"
+            )
         print(f"  ACT_COEF[{dtype!r}] = {ACT_COEF[dtype]}")
 
 
@@ -131,9 +154,17 @@ def _random_qwen06(layers: int) -> Path:
     out = WORK / f"qwen06w-{layers}l"
     if (out / "config.json").is_file():
         return out
-    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                   num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
-                                   head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960)  # fmt: skip
+    cfg = transformers.Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     tok = transformers.AutoTokenizer.from_pretrained(ROOT / "results/models/smol")
@@ -171,14 +202,32 @@ def make_cfg(model: str, calls: int, ckpt: bool, lora_r: int, max_chunk_tokens: 
 
     fields = {"gradient_checkpointing": "on" if ckpt else "off"}
     return RunConfig(
-        run_id="voting-sp-toy-math-s0", workflow="voting", sharing="sp", scale="toy", task_axis="math", seed=0,
-        task=TaskSpec(name="toy_math", eval_size=2, train_size=20), model=model, generation_dtype="model",
-        micro_batch_size=calls, max_chunk_tokens=max_chunk_tokens,
-        grpo=GRPOParams(steps=2, problems_per_step=1, group_size=2, learning_rate=1e-4, warmup_steps=0,
-                        lr_scheduler="constant", eval_every=1, lora_r=lora_r, lora_alpha=lora_r,
-                        max_prompt_length=65536, max_completion_length=65536),
+        run_id="voting-sp-toy-math-s0",
+        workflow="voting",
+        sharing="sp",
+        scale="toy",
+        task_axis="math",
+        seed=0,
+        task=TaskSpec(name="toy_math", eval_size=2, train_size=20),
+        model=model,
+        generation_dtype="model",
+        micro_batch_size=calls,
+        max_chunk_tokens=max_chunk_tokens,
+        grpo=GRPOParams(
+            steps=2,
+            problems_per_step=1,
+            group_size=2,
+            learning_rate=1e-4,
+            warmup_steps=0,
+            lr_scheduler="constant",
+            eval_every=1,
+            lora_r=lora_r,
+            lora_alpha=lora_r,
+            max_prompt_length=65536,
+            max_completion_length=65536,
+        ),
         **fields,
-    )  # fmt: skip
+    )
 
 
 def _status(key: str) -> int:
@@ -219,8 +268,12 @@ def child(spec: dict) -> dict:
     before = _status("VmRSS")
     trainer.update(calls, adv)
     peak = _status("VmHWM")
-    return {"delta_gb": (peak - before) / 1e9, "rss_before_gb": before / 1e9, "hwm_gb": peak / 1e9,
-            "checkpointing_active": ckpt_on}  # fmt: skip
+    return {
+        "delta_gb": (peak - before) / 1e9,
+        "rss_before_gb": before / 1e9,
+        "hwm_gb": peak / 1e9,
+        "checkpointing_active": ckpt_on,
+    }
 
 
 def predict(spec: dict) -> float:
@@ -253,12 +306,23 @@ def measure(spec: dict, cap_gb: float, reuse: bool = False) -> dict:
 
 
 def _measure(spec: dict, cap_gb: float) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     # The cap is on address space, which runs ~5-8 GB above resident memory once torch and TRL are imported;
     # `cap_gb` bounds what is run (predicted resident peak), the address-space limit adds that headroom.
-    cmd = ["prlimit", f"--as={int((cap_gb + AS_HEADROOM_GB) * 1e9)}", sys.executable, __file__, "child",
-           json.dumps(spec)]  # fmt: skip
+    cmd = [
+        "prlimit",
+        f"--as={int((cap_gb + AS_HEADROOM_GB) * 1e9)}",
+        sys.executable,
+        __file__,
+        "child",
+        json.dumps(spec),
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     lines = [x for x in res.stdout.splitlines() if x.startswith("{")]
     if res.returncode != 0 or not lines:
@@ -269,30 +333,100 @@ def _measure(spec: dict, cap_gb: float) -> dict:
 
 
 VALIDATE = [
-    {"name": "toy, 32 calls x 160, no ckpt", "model": "toy", "calls": 32, "prompt": 136, "completion": 24,
-     "ckpt": False, "lora_r": 8, "mixed": True},
-    {"name": "toy, 32 calls x 160, ckpt", "model": "toy", "calls": 32, "prompt": 136, "completion": 24,
-     "ckpt": True, "lora_r": 8, "mixed": True},
-    {"name": "smol, 4 calls x 256, no ckpt", "model": "smol", "calls": 4, "prompt": 208, "completion": 48,
-     "ckpt": False, "lora_r": 8, "mixed": True},
-    {"name": "smol, 1 call x 1024, ckpt", "model": "smol", "calls": 1, "prompt": 768, "completion": 256,
-     "ckpt": True, "lora_r": 64},
-    {"name": "smol, 1 call x 1024, no ckpt", "model": "smol", "calls": 1, "prompt": 768, "completion": 256,
-     "ckpt": False, "lora_r": 64},
-    {"name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, no ckpt", "model": "qwen06w-2l", "calls": 1,
-     "prompt": 768, "completion": 256, "ckpt": False, "lora_r": 64},
-    {"name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, ckpt", "model": "qwen06w-2l", "calls": 1,
-     "prompt": 768, "completion": 256, "ckpt": True, "lora_r": 64},
-    {"name": "Qwen3-0.6B widths 2 layers, 4 calls x 512 mixed, no ckpt", "model": "qwen06w-2l", "calls": 4,
-     "prompt": 384, "completion": 128, "ckpt": False, "lora_r": 64, "mixed": True},
-    {"name": "Qwen3-0.6B widths 2 layers, 4 calls x 512 mixed, ckpt", "model": "qwen06w-2l", "calls": 4,
-     "prompt": 384, "completion": 128, "ckpt": True, "lora_r": 64, "mixed": True},
-]  # fmt: skip
+    {
+        "name": "toy, 32 calls x 160, no ckpt",
+        "model": "toy",
+        "calls": 32,
+        "prompt": 136,
+        "completion": 24,
+        "ckpt": False,
+        "lora_r": 8,
+        "mixed": True,
+    },
+    {
+        "name": "toy, 32 calls x 160, ckpt",
+        "model": "toy",
+        "calls": 32,
+        "prompt": 136,
+        "completion": 24,
+        "ckpt": True,
+        "lora_r": 8,
+        "mixed": True,
+    },
+    {
+        "name": "smol, 4 calls x 256, no ckpt",
+        "model": "smol",
+        "calls": 4,
+        "prompt": 208,
+        "completion": 48,
+        "ckpt": False,
+        "lora_r": 8,
+        "mixed": True,
+    },
+    {
+        "name": "smol, 1 call x 1024, ckpt",
+        "model": "smol",
+        "calls": 1,
+        "prompt": 768,
+        "completion": 256,
+        "ckpt": True,
+        "lora_r": 64,
+    },
+    {
+        "name": "smol, 1 call x 1024, no ckpt",
+        "model": "smol",
+        "calls": 1,
+        "prompt": 768,
+        "completion": 256,
+        "ckpt": False,
+        "lora_r": 64,
+    },
+    {
+        "name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, no ckpt",
+        "model": "qwen06w-2l",
+        "calls": 1,
+        "prompt": 768,
+        "completion": 256,
+        "ckpt": False,
+        "lora_r": 64,
+    },
+    {
+        "name": "Qwen3-0.6B widths 2 layers, 1 call x 1024, ckpt",
+        "model": "qwen06w-2l",
+        "calls": 1,
+        "prompt": 768,
+        "completion": 256,
+        "ckpt": True,
+        "lora_r": 64,
+    },
+    {
+        "name": "Qwen3-0.6B widths 2 layers, 4 calls x 512 mixed, no ckpt",
+        "model": "qwen06w-2l",
+        "calls": 4,
+        "prompt": 384,
+        "completion": 128,
+        "ckpt": False,
+        "lora_r": 64,
+        "mixed": True,
+    },
+    {
+        "name": "Qwen3-0.6B widths 2 layers, 4 calls x 512 mixed, ckpt",
+        "model": "qwen06w-2l",
+        "calls": 4,
+        "prompt": 384,
+        "completion": 128,
+        "ckpt": True,
+        "lora_r": 64,
+        "mixed": True,
+    },
+]
 
 
 def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None:
-    print(f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB (prlimit --as); "
-          f"median of {repeats} runs; commit {_commit()}")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB (prlimit --as); "
+        f"median of {repeats} runs; commit {_commit()}"
+    )
     print(
         "| configuration | measured GB (median; range) | predicted GB | predicted / measured | ckpt active |"
     )
@@ -313,8 +447,11 @@ def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None
             print(f"| {spec['name']} | {runs[0]['error']} | {pred:.3f} | - | - |", flush=True)
             continue
         med = statistics.median(ok)
-        print(f"| {spec['name']} | {med:.3f} ({min(ok):.3f}-{max(ok):.3f}) | {pred:.3f} | {pred / med:.2f} | "
-              f"{runs[0]['checkpointing_active']} |", flush=True)  # fmt: skip
+        print(
+            f"| {spec['name']} | {med:.3f} ({min(ok):.3f}-{max(ok):.3f}) | {pred:.3f} | {pred / med:.2f} | "
+            f"{runs[0]['checkpointing_active']} |",
+            flush=True,
+        )
 
 
 def table(cap_gb: float, budget: int) -> None:
@@ -338,8 +475,15 @@ def table(cap_gb: float, budget: int) -> None:
             ("1 call, no ckpt", False, s),
         ):
             calls = max(len(c) for c in token_budget_chunks([s] * 32, 32, tokens))
-            spec = {"model": "qwen06w-2l", "calls": calls, "prompt": s - s // 4, "completion": s // 4,
-                    "ckpt": ckpt, "lora_r": 64, "mixed": calls > 1}  # fmt: skip
+            spec = {
+                "model": "qwen06w-2l",
+                "calls": calls,
+                "prompt": s - s // 4,
+                "completion": s // 4,
+                "ckpt": ckpt,
+                "lora_r": 64,
+                "mixed": calls > 1,
+            }
             pred = predict(spec)
             big_cpu = sum(chunk_activation_bytes(full, "float32", 64, calls, s, ckpt, "cpu").values()) / 1e9
             big_gpu = (
@@ -374,8 +518,10 @@ def tokens(steps: int) -> None:
     cases = [("toy", f"{w}-sp-toy-math-s0", _toy()) for w in ("single", "eval_opt", "voting", "orch_workers")]
     cases.append(("smol", "voting-sp-smol-math-s0", ROOT / "results/models/smol"))
     print(f"machine: {_cpu()}; torch {_torch()}; commit {_commit()}; {steps} step(s) per run")
-    print("| run | role | calls planned / logged | prompt tokens planned / logged | completion tokens planned / "
-          "logged | total error |")  # fmt: skip
+    print(
+        "| run | role | calls planned / logged | prompt tokens planned / logged | completion tokens planned / "
+        "logged | total error |"
+    )
     print("|---|---|---|---|---|---|")
     for preset, rid, model in cases:
         d = json.loads(run_sheet(ROOT / "matrix.yaml", preset).loc[rid, "config"])
@@ -426,8 +572,11 @@ def tokens(steps: int) -> None:
                 )
                 lc, lp, lt = m.loc[role, "samples"], m.loc[role, "prompt_tokens"], m.loc[role, "tokens"]
                 err = (pp + pt) / (lp + lt) - 1
-                print(f"| {rid} step {step} | {role} | {pc} / {lc:.0f} | {pp:,.0f} / {lp:,.0f} | {pt:,.0f} / {lt:,.0f} | "
-                      f"{err:+.1%} |", flush=True)  # fmt: skip
+                print(
+                    f"| {rid} step {step} | {role} | {pc} / {lc:.0f} | {pp:,.0f} / {lp:,.0f} | {pt:,.0f} / {lt:,.0f} | "
+                    f"{err:+.1%} |",
+                    flush=True,
+                )
 
 
 def _cpu() -> str:

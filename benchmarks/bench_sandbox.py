@@ -42,13 +42,21 @@ def reference_jobs() -> tuple[list[dict], list[dict]]:
     he = [json.loads(x) for x in (ROOT / "tests/data/humaneval/test.jsonl").read_text().splitlines()]
     mbpp = [json.loads(x) for x in (ROOT / "tests/data/mbpp/mbpp.jsonl").read_text().splitlines()]
     job = {"timeout": 10, "memory_mb": 1024}
-    refs = [dict(job, code=r["prompt"] + r["canonical_solution"], tests=f"{r['test']}\n\ncheck({r['entry_point']})\n")
-            for r in he]  # fmt: skip
+    refs = [
+        dict(
+            job,
+            code=r["prompt"] + r["canonical_solution"],
+            tests=f"{r['test']}\n\ncheck({r['entry_point']})\n",
+        )
+        for r in he
+    ]
     for r in mbpp:
         setup = (r["test_setup_code"] + "\n") if r["test_setup_code"] else ""
         refs.append(dict(job, code=r["code"], tests=setup + "\n".join(r["test_list"]) + "\n"))
-    stubs = [dict(job, code=r["prompt"] + "    pass\n", tests=f"{r['test']}\n\ncheck({r['entry_point']})\n")
-             for r in he]  # fmt: skip
+    stubs = [
+        dict(job, code=r["prompt"] + "    pass\n", tests=f"{r['test']}\n\ncheck({r['entry_point']})\n")
+        for r in he
+    ]
     return refs, stubs
 
 
@@ -63,16 +71,27 @@ def hostile_jobs(world: Path) -> list[tuple[str, dict]]:
     (world / "secret.txt").write_text(th.SECRET)
     victim = outside / "victim.txt"
     victim.write_text("keep me")
-    subst = {"OUTSIDE": str(outside), "VICTIM": str(victim), "SECRET_FILE": str(world / "secret.txt"),
-             "SECRET": th.SECRET, "PYTEST_PID": str(os.getpid())}  # fmt: skip
+    subst = {
+        "OUTSIDE": str(outside),
+        "VICTIM": str(victim),
+        "SECRET_FILE": str(world / "secret.txt"),
+        "SECRET": th.SECRET,
+        "PYTEST_PID": str(os.getpid()),
+    }
     jobs = []
     for path in th.HOSTILE:
         code, tests, _ = th._parse(path, subst)
         jobs.append((path.name, {"code": code, "tests": tests}))
     import _bisect
 
-    isub = {"EXT": _bisect.__file__, "SOCK": str(world / "sock"), "CALLER": str(os.getpid()),
-            "SECRET": str(world / "secret.txt"), "SECRET_SIZE": "1", "OUTSIDE": str(outside)}  # fmt: skip
+    isub = {
+        "EXT": _bisect.__file__,
+        "SOCK": str(world / "sock"),
+        "CALLER": str(os.getpid()),
+        "SECRET": str(world / "secret.txt"),
+        "SECRET_SIZE": "1",
+        "OUTSIDE": str(outside),
+    }
     for name, (code, tests) in ti.PROGRAMS.items():
         jobs.append((name, {"code": code.format(**isub), "tests": tests.format(**isub)}))
     return jobs
@@ -91,13 +110,26 @@ def measure(kind: str) -> dict:
             got = pool.map(refs)
             dt = time.perf_counter() - t0
             stub_got = pool.map(stubs)
-        return {"per_s": len(refs) / dt, "seconds": dt, "jobs": len(refs), "passed": sum(r.passed for r in got),
-                "stubs": len(stubs), "stubs_passed": sum(r.passed for r in stub_got)}  # fmt: skip
+        return {
+            "per_s": len(refs) / dt,
+            "seconds": dt,
+            "jobs": len(refs),
+            "passed": sum(r.passed for r in got),
+            "stubs": len(stubs),
+            "stubs_passed": sum(r.passed for r in stub_got),
+        }
     if kind == "worker_cpu":
         # CPU seconds one worker and its (reaped) children spend per one-line program sent one at a time:
         # the per-verification cost of the sandbox itself, which the machine's load disturbs less than wall.
-        jobs = [{"code": f"def f(x):\n    return x + {i}\n", "tests": f"assert f(1) == {i + 1}\n", "timeout": 5,
-                 "memory_mb": 512} for i in range(300)]  # fmt: skip
+        jobs = [
+            {
+                "code": f"def f(x):\n    return x + {i}\n",
+                "tests": f"assert f(1) == {i + 1}\n",
+                "timeout": 5,
+                "memory_mb": 512,
+            }
+            for i in range(300)
+        ]
 
         def cpu(pid: int) -> float:
             f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -145,8 +177,14 @@ def measure(kind: str) -> dict:
 
 def run_child(src: str, kind: str) -> dict:
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, __file__, "--measure", kind], env=env, capture_output=True,
-                         text=True, timeout=1800, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", kind],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     if out.returncode != 0:
         raise SystemExit(f"measurement {kind} with {src} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

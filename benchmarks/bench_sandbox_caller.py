@@ -61,8 +61,14 @@ def main() -> int:
         if entry:
             job["entry_point"] = entry
         try:
-            out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), capture_output=True,
-                                 text=True, timeout=a.limit, env=env)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD],
+                input=json.dumps(job),
+                capture_output=True,
+                text=True,
+                timeout=a.limit,
+                env=env,
+            )
             lines = out.stdout.strip().splitlines()
             row = json.loads(lines[-1]) if lines else {"status": f"no result: {out.stderr.strip()[-200:]}"}
         except subprocess.TimeoutExpired:

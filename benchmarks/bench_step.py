@@ -37,8 +37,13 @@ def bench(cfg: RunConfig, steps: int) -> dict:
 
 def main(argv=None) -> None:
     ap = parser(__doc__, reps=5)
-    ap.add_argument("--steps", dest="reps", type=int, default=argparse.SUPPRESS,
-                    help="measured steps after 1 warm-up (= --reps; default 5)")  # fmt: skip
+    ap.add_argument(
+        "--steps",
+        dest="reps",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="measured steps after 1 warm-up (= --reps; default 5)",
+    )
     ap.add_argument("--task", default="math", choices=["math", "code"])
     args = setup(ap.parse_args(argv))
     cells = {k: c for k, c in toy_configs(args).items() if c.task_axis == args.task}
@@ -50,9 +55,11 @@ def main(argv=None) -> None:
     print("| run | generate s | score s | fwd+bwd s | other s | step s | x single | generate calls/step |")
     print("|---|---|---|---|---|---|---|---|")
     for run_id, r in results.items():
-        print(f"| {run_id} | {r['time_generate']:.3f} | {r['time_score']:.3f} | {r['time_backward']:.3f} | "
-              f"{r['time_other']:.3f} | {r['step_time']:.3f} | {r['step_time'] / base:.2f} | "
-              f"{r['generate_calls']:.0f} |")  # fmt: skip
+        print(
+            f"| {run_id} | {r['time_generate']:.3f} | {r['time_score']:.3f} | {r['time_backward']:.3f} | "
+            f"{r['time_other']:.3f} | {r['step_time']:.3f} | {r['step_time'] / base:.2f} | "
+            f"{r['generate_calls']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

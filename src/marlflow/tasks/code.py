@@ -68,8 +68,12 @@ class CodeTask:
     def warm_up(self) -> None:
         """Start the sandbox pool and check that it passes a trivial program, before the first evaluation: a
         sandbox that cannot run fails the run at start, and starting it is not timed as evaluation."""
-        r = sandbox.verify_many([("def f():\n    return 1\n", "assert f() == 1\n")], timeout=self.timeout,
-                                memory_mb=self.memory_mb, cache=False)[0]  # fmt: skip
+        r = sandbox.verify_many(
+            [("def f():\n    return 1\n", "assert f() == 1\n")],
+            timeout=self.timeout,
+            memory_mb=self.memory_mb,
+            cache=False,
+        )[0]
         if not r.passed:
             raise RuntimeError(f"the code sandbox failed a trivial program ({r.status}: {r.detail})")
 
@@ -115,8 +119,17 @@ class MBPP(CodeTask):
                 rows, i, "prompt", required=False, default=""
             )
             prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
-            out.append(Problem(f"mbpp/{ids[i]}", "mbpp", "code", prompt, field(rows, i, "code"), tests=tests,
-                               meta={"task_id": ids[i]}))  # fmt: skip
+            out.append(
+                Problem(
+                    f"mbpp/{ids[i]}",
+                    "mbpp",
+                    "code",
+                    prompt,
+                    field(rows, i, "code"),
+                    tests=tests,
+                    meta={"task_id": ids[i]},
+                )
+            )
         return nonempty(cap(out, spec, split), self.name, split)
 
 
@@ -141,9 +154,21 @@ class HumanEval(CodeTask):
                     f"{rows.where(i)}: field 'task_id' is {tid!r}; it must look like 'HumanEval/12'"
                 )
             sol, test, entry = (field(rows, i, k) for k in ("canonical_solution", "test", "entry_point"))
-            items.append((int(num), Problem(tid, "humaneval", "code", prompt, prompt + sol,
-                                            tests=f"{test}\n\ncheck({entry})\n", entry_point=entry,
-                                            meta={"prefix": prompt})))  # fmt: skip
+            items.append(
+                (
+                    int(num),
+                    Problem(
+                        tid,
+                        "humaneval",
+                        "code",
+                        prompt,
+                        prompt + sol,
+                        tests=f"{test}\n\ncheck({entry})\n",
+                        entry_point=entry,
+                        meta={"prefix": prompt},
+                    ),
+                )
+            )
         out = [p for _, p in sorted(items, key=lambda it: it[0])]
         return nonempty(cap(out, spec, split), self.name, split)
 
@@ -195,8 +220,17 @@ class DeepCoder(CodeTask):
             if not tests:
                 continue
             sols = rt.solutions_of(rows[i])
-            problems.append(Problem("", "deepcoder", "code", rows[i]["problem"], sols[0] if sols else "",
-                                    tests=tests, meta={"row": i, "tests": len(kept)}))  # fmt: skip
+            problems.append(
+                Problem(
+                    "",
+                    "deepcoder",
+                    "code",
+                    rows[i]["problem"],
+                    sols[0] if sols else "",
+                    tests=tests,
+                    meta={"row": i, "tests": len(kept)},
+                )
+            )
         if not is_split:
             n_test = (getattr(spec, "test_size", 0) if spec is not None else 0) or self.test_count
             train, test = split_records(problems, n_test, seed=42, shuffle_only=True)

@@ -104,8 +104,10 @@ def read_records(path: str | Path, key: str = "task.source") -> Records:
         try:
             return Records(pd.read_parquet(p).to_dict("records"), str(p))
         except Exception as err:  # noqa: BLE001 - pyarrow raises many types for a broken file
-            raise DataError(f"dataset file {str(p)!r} is not a readable parquet file ({type(err).__name__}: "
-                            f"{str(err)[:200]}); fix `{key}` in matrix.yaml") from None  # fmt: skip
+            raise DataError(
+                f"dataset file {str(p)!r} is not a readable parquet file ({type(err).__name__}: "
+                f"{str(err)[:200]}); fix `{key}` in matrix.yaml"
+            ) from None
     try:
         if name.endswith(".gz"):
             import gzip

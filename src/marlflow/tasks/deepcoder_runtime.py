@@ -174,8 +174,9 @@ def fingerprint(rows: Records, tests: list[list[dict]]) -> str:
     return h.hexdigest()
 
 
-def compute_results(rows: Records, out: Path, timeout: float = 6.0, memory_mb: int = 2048,
-                    limit: int = 0, batch: int = 64) -> dict:  # fmt: skip
+def compute_results(
+    rows: Records, out: Path, timeout: float = 6.0, memory_mb: int = 2048, limit: int = 0, batch: int = 64
+) -> dict:
     """Run every row's first reference solution against each of its tests; write and return the results.
 
     Resumes from `out` when its sidecar says it belongs to the same rows."""
@@ -223,8 +224,10 @@ def compute_results(rows: Records, out: Path, timeout: float = 6.0, memory_mb: i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m marlflow.tasks.deepcoder_runtime",
-                                 description="Build the paper's DeepCoder runtime_results.json from reference solutions.")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m marlflow.tasks.deepcoder_runtime",
+        description="Build the paper's DeepCoder runtime_results.json from reference solutions.",
+    )
     ap.add_argument("--source", default=HUB_ID, help="hub id (primeintellect train split) or a local file")
     ap.add_argument("--out", required=True, help="runtime results JSON to write (resumed if it exists)")
     ap.add_argument("--timeout", type=float, default=6.0, help="seconds per test (default 6, as training)")

@@ -190,8 +190,16 @@ class MATH(_MathTask):
             if gold is None:
                 continue
             uid = field(rows, i, "unique_id", "answer", required=False) or str(i)
-            out.append(Problem(f"math/{uid}", "math", "math", problem, str(gold),
-                               meta={k: r.get(k) for k in ("subject", "level")}))  # fmt: skip
+            out.append(
+                Problem(
+                    f"math/{uid}",
+                    "math",
+                    "math",
+                    problem,
+                    str(gold),
+                    meta={k: r.get(k) for k in ("subject", "level")},
+                )
+            )
         return nonempty(cap(out, spec, split), self.name, split)
 
 

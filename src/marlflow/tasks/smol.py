@@ -55,7 +55,7 @@ def _split(name: str, kind: str, split: str, items: list[tuple[str, str, str, st
             prompt=prompt,
             answer=answer,
             tests=tests,
-        )  # fmt: skip
+        )
         for _, prompt, answer, tests in chosen
     ]
 

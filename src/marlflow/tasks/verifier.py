@@ -31,9 +31,12 @@ class _VerifierProc:
         pkg_parent = str(Path(__file__).resolve().parents[2])
         boot = f"import sys; sys.path.insert(0, {pkg_parent!r}); from marlflow.tasks.verifier import _serve; _serve()"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", boot],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def ask(self, pred: str, gold: str, timeout: float) -> bool | None:
         self.proc.stdin.write(json.dumps([pred, gold]) + "\n")

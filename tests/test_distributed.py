@@ -161,6 +161,24 @@ def test_config_ranks():
         _cfg(ranks=0)
 
 
+def test_ranks_from_matrix_yaml_to_the_run_sheet():
+    """`run: {ranks: N}` in a preset reaches each run's config (and so the train rule's tasks); an impossible N
+    is refused with the field's message, like any run setting."""
+    import yaml
+
+    from marlflow.matrix import MatrixError, run_sheet
+
+    doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    doc["presets"]["smoke"]["run"] = {"ranks": 2}
+    sheet = run_sheet(doc, "smoke")
+    assert {D.run_ranks(sheet, r) for r in sheet.index} == {2}
+    assert {D.run_ranks(run_sheet(yaml.safe_load((ROOT / "matrix.yaml").read_text()), "smoke"), r)
+            for r in sheet.index} == {1}  # fmt: skip
+    doc["presets"]["smoke"]["run"] = {"ranks": 3}  # smoke has 2 problems per step
+    with pytest.raises(MatrixError, match="ranks is 3 but grpo.problems_per_step is 2"):
+        run_sheet(doc, "smoke")
+
+
 def test_ranks_gpu_refusal_and_run_ranks():
     import pandas as pd
 

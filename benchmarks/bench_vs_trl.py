@@ -72,6 +72,7 @@ from peft import LoraConfig  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
+from marlflow import rollout as ro  # noqa: E402
 from marlflow.config import RunConfig  # noqa: E402
 from marlflow.models import load_model_and_tokenizer  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
@@ -142,26 +143,31 @@ def load_of(calls, index: torch.Tensor, group_size: int, n: int | None = None) -
     return [order[j * len(order) // n] for j in range(n)]
 
 
+def _capturing_flatten(cfg, episodes):
+    """marlflow.rollout.flatten, keeping the step's Batch (calls, advantages, group index) as update() sees it."""
+    batch = _FLATTEN(cfg, episodes)
+    _BATCHES.append(batch)
+    return batch
+
+
+_FLATTEN, _BATCHES = ro.flatten, []
+ro.flatten = _capturing_flatten  # the trainer's train_step calls ro.flatten at run time
+
+
 class Ours:
     """One marlflow trainer; `step()` runs and times one train_step and records its load."""
 
     def __init__(self, cfg: RunConfig, tmp: Path):
         self.trainer = build_trainer(cfg, tmp)
-        self.cfg, self.rows, self.calls, self._flat = cfg, [], None, None
-        flatten = self.trainer.flatten
-
-        def capture(episodes):
-            out = flatten(episodes)
-            self._flat = out
-            return out
-
-        self.trainer.flatten = capture  # the step's calls, rewards and advantages, as update() sees them
+        self.cfg, self.rows, self.calls = cfg, [], None
 
     def step(self, step: int) -> dict:
+        _BATCHES.clear()
         t, c = time.perf_counter(), time.process_time()
         self.trainer.train_step(step)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
-        calls, _, adv, index, _ = self._flat
+        batch = _BATCHES[-1]
+        calls, adv, index = batch.calls, batch.advantages, batch.index
         self.calls = (calls, index)
         m = {
             r["metric"]: r["value"]

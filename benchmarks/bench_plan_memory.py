@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -423,10 +422,7 @@ VALIDATE = [
 
 
 def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None:
-    print(
-        f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB (prlimit --as); "
-        f"median of {repeats} runs; commit {_commit()}"
-    )
+    print(f"{_machine()}; cap {cap_gb:g} GB (prlimit --as); median of {repeats} runs")
     print(
         "| configuration | measured GB (median; range) | predicted GB | predicted / measured | ckpt active |"
     )
@@ -460,7 +456,7 @@ def table(cap_gb: float, budget: int) -> None:
     from marlflow.algos import token_budget_chunks
     from marlflow.plan import HUB_SHAPES, chunk_activation_bytes
 
-    print(f"machine: {platform.machine()}, {_cpu()}; torch {_torch()}; cap {cap_gb:g} GB; commit {_commit()}")
+    print(f"{_machine()}; cap {cap_gb:g} GB")
     print(
         "| S | setting | calls/chunk | measured GB, 2-layer model (CPU fp32) | predicted GB, same | "
         "predicted GB, 28 layers CPU fp32 | predicted GB, 28 layers CUDA bf16 |"
@@ -517,7 +513,7 @@ def tokens(steps: int) -> None:
     torch.set_num_threads(1)
     cases = [("toy", f"{w}-sp-toy-math-s0", _toy()) for w in ("single", "eval_opt", "voting", "orch_workers")]
     cases.append(("smol", "voting-sp-smol-math-s0", ROOT / "results/models/smol"))
-    print(f"machine: {_cpu()}; torch {_torch()}; commit {_commit()}; {steps} step(s) per run")
+    print(f"{_machine()}; {steps} step(s) per run")
     print(
         "| run | role | calls planned / logged | prompt tokens planned / logged | completion tokens planned / "
         "logged | total error |"
@@ -579,23 +575,12 @@ def tokens(steps: int) -> None:
                 )
 
 
-def _cpu() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+def _machine() -> str:
+    """harness.environment(): CPU, cores, kernels, torch, threads, commit (benchmarks/ is on sys.path when this
+    runs as a script; imported here so that tests can load the module's functions without it)."""
+    from harness import environment
 
-
-def _torch() -> str:
-    import torch
-
-    return torch.__version__
-
-
-def _commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    return environment()
 
 
 def main(argv=None) -> None:

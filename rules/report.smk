@@ -1,6 +1,9 @@
 # Tables + per-run metrics -> figures, the overview page and one page per run.
 # Every file marlflow.report writes is declared, generated from its own output contract (`outputs()`).
+import json
+
 from marlflow.report import outputs as report_outputs
+from marlflow.tasks.solution_metrics import names_of as solution_metric_names
 
 # Under OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's folder.
 REPORT_FIGURES = f"{OUT}/figures"
@@ -14,6 +17,12 @@ REPORT_OUTPUTS = [
         REPORT_PAGES,
         RUN_IDS,
         interventions=bool((SHEET["intervention"] != "none").any()),
+        # the runs' registered tasks, as config.json will name them: the report reads the same names
+        solution_metrics=bool(
+            solution_metric_names(
+                json.loads(c)["task"]["name"] for c in SHEET["config"]
+            )
+        ),
     )
 ]
 

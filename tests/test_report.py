@@ -2,7 +2,8 @@
 pages rendered in headless Chromium (not blank, no table wider than the page).
 
 The runs are synthetic metrics/samples tables in the real schema (the rows trainer.py logs: per-role train
-metrics, the step-time split, accuracy with accuracy_se, careless_share, samples with chat-template prompts),
+metrics, the step-time split, accuracy with accuracy_se, the toy tasks' solution metric careless_share, samples
+with chat-template prompts),
 each in a run folder with config.json and DONE as Snakemake leaves them.
 """
 
@@ -38,12 +39,14 @@ def make_run(
     zero_steps: tuple[int, ...] = (),
     share_gaps: tuple[int, ...] = (),
     val: list[float] | None = None,
+    task_name: str | None = None,
 ) -> str:
     """A run folder with metrics.parquet, samples.parquet, config.json and DONE; returns the metrics path.
 
     format_failure: role -> its eval format_failure_rate per eval (default 0.1 throughout); zero_steps: train
     steps where every role's grad_norm and grad_share are 0; share_gaps: train steps where the first role logs no grad_share;
-    val: the validation accuracy per eval (default: acc, so the held-out peak step is the test argmax)."""
+    val: the validation accuracy per eval (default: acc, so the held-out peak step is the test argmax);
+    task_name: the registered task in config.json (default toy_<task>)."""
     workflow, sharing, scale, task, seed = run_id.split("-")
     fac = dict(run_id=run_id, workflow=workflow, sharing=sharing, scale=scale, task=task, seed=int(seed[1:]),
                build=0, intervention="none")  # fmt: skip
@@ -80,7 +83,7 @@ def make_run(
     write_metrics(pd.DataFrame(recs), folder / "metrics.parquet")
     atomic_write_parquet(pd.DataFrame(samples, columns=SAMPLE_COLUMNS), folder / "samples.parquet")
     cfg = {"run_id": run_id, "preset": "toy", "model": "/abs/models/toy", "scale": scale,
-           "grpo": {"steps": 10 * (len(acc) - 1), "group_size": 8}, "task": {"name": f"toy_{task}"}}  # fmt: skip
+           "grpo": {"steps": 10 * (len(acc) - 1), "group_size": 8}, "task": {"name": task_name or f"toy_{task}"}}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "DONE").write_text(json.dumps({"run_id": run_id, "final_accuracy": acc[-1]}))
     return str(folder / "metrics.parquet")
@@ -134,11 +137,12 @@ def test_outputs_contract_and_cli(tmp_path, runs, capsys):
     assert report.main(["--tables", str(tables), "--runs", *runs, "--figures", str(figs), "--html",
                         str(html_path)]) == 0  # fmt: skip
     assert f"report: {html_path.resolve()}" in capsys.readouterr().out
-    expected = report.outputs(figs, html_path, None, run_ids(runs))
+    expected = report.outputs(figs, html_path, None, run_ids(runs), solution_metrics=True)  # toy tasks
     written = sorted(p for p in (tmp_path / "r").rglob("*") if p.is_file())
     assert written == sorted(expected)  # every file written is in the contract, and every one is written
     assert report.default_pages_dir(html_path) == tmp_path / "r" / "report"
     assert not (figs / "interventions.png").exists()  # no intervention: no placeholder figure
+    assert (figs / report.SOLUTION_FIGURE).exists()
     for path in expected[: len(report.FIGURES) - 1]:
         assert path.read_bytes().startswith(PNG_MAGIC), path
 
@@ -147,7 +151,7 @@ def test_overview_page(tmp_path, runs):
     written = build(tmp_path, runs)
     page = written["report.html"].read_text()
     embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(embedded) == 4  # curves, careless_share, grad norm, role share
+    assert len(embedded) == 4  # curves, solution metrics (careless_share), grad norm, role share
     assert base64.b64decode(embedded[0]) == written["curves.png"].read_bytes()
     for text in ("Provenance", "abc123", "trl ", "torch ", "Failure signatures", "Gradient traces",
                  "Definitions", "Peak / terminal", "careless_share", "0.70 -&gt; 0.10"):  # fmt: skip
@@ -281,7 +285,14 @@ def test_intervention_traces_and_contrast_section(runs, tmp_path):
     assert "No interventions in this matrix" not in page
     out = tmp_path / "with_cg" / "out"
     assert sorted(written.values()) == sorted(
-        report.outputs(out / "figures", out / "report.html", None, run_ids(both), interventions=True)
+        report.outputs(
+            out / "figures",
+            out / "report.html",
+            None,
+            run_ids(both),
+            interventions=True,
+            solution_metrics=True,
+        )
     )
 
 
@@ -314,7 +325,11 @@ def test_report_from_real_toy_runs(tmp_path, toy_runs):
     written = build(tmp_path, toy_runs)
     assert sorted(written.values()) == sorted(
         report.outputs(
-            tmp_path / "out" / "figures", tmp_path / "out" / "report.html", None, run_ids(toy_runs)
+            tmp_path / "out" / "figures",
+            tmp_path / "out" / "report.html",
+            None,
+            run_ids(toy_runs),
+            solution_metrics=True,
         )
     )
     overview = written["report.html"].read_text()
@@ -475,6 +490,41 @@ def test_findings_with_seeds(tmp_path):
     assert "One seed per cell" not in md and "-0.155 [-0.219, -0.091]" in md
 
 
+def test_solution_metrics_only_where_the_tasks_have_them(tmp_path):
+    """Runs of tasks without solution metrics (smol_math: no `careless` test, no `solution_metrics`) get no
+    solution-metrics figure, declared or written, and a page that names no toy-only metric but says there are
+    none; the same runs as toy_math runs that log careless_share get the figure, the section and the Runs
+    column with step 0 -> last."""
+    shares = {"generator": 0.6, "aggregator": 0.4}
+    cells = (("sp", [0.3, 0.4, 0.45]), ("ip", [0.3, 0.6, 0.6]))
+    smol = [make_run(tmp_path / "smol", f"voting-{sh}-smol-math-s0", acc, shares, task_name="smol_math")
+            for sh, acc in cells]  # fmt: skip
+    written = build(tmp_path / "smol", smol)
+    assert sorted(written.values()) == sorted(
+        report.outputs(tmp_path / "smol" / "out" / "figures", written["report.html"], None, run_ids(smol))
+    )
+    assert report.SOLUTION_FIGURE not in written
+    page = written["report.html"].read_text()
+    assert "careless" not in page.lower()
+    assert "None: these runs' tasks (smol_math) define no metrics of their solver outputs" in page
+    toy = [make_run(tmp_path / "toy", f"voting-{sh}-toy-math-s0", acc, shares, careless=[0.7, 0.4, 0.2])
+           for sh, acc in cells]  # fmt: skip
+    written = build(tmp_path / "toy", toy)
+    assert written[report.SOLUTION_FIGURE].read_bytes().startswith(PNG_MAGIC)
+    page = written["report.html"].read_text()
+    assert "<h2 id='solution'>Solution metrics</h2>" in page and 'alt="solution_metrics.png"' in page
+    assert "<th>careless_<wbr>share</th>" in page and "<td>0.70 -&gt; 0.20</td>" in page
+
+
+def test_replicates_wording_names_builds():
+    """A cell's range counts replicates: over seeds alone it says seeds, over several toy builds it says so."""
+    one_build = pd.DataFrame({"seed": [0, 1], "build": [0, 0]})
+    two_builds = pd.DataFrame({"seed": [0, 0], "build": [0, 1]})
+    assert report._seeds(one_build) == "range over 2 seeds"
+    assert report._seeds(two_builds) == "range over 2 replicates (seeds x builds)"
+    assert report._seeds(two_builds.iloc[:1]) == "one seed"
+
+
 def test_sp_ip_lines_largest_first_and_capped():
     """More cells than fit the box: the largest |SP - IP| peak differences first, the rest counted."""
     from marlflow.analysis.seeds import contrasts
@@ -517,7 +567,7 @@ def test_no_blank_figure(tmp_path, signal_runs):
     written = build(tmp_path, signal_runs)
     page = written["report.html"].read_text()
     figures = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert [alt for alt, _ in figures] == ["curves.png", "careless_share.png", "grad_dynamics.png",
+    assert [alt for alt, _ in figures] == ["curves.png", "solution_metrics.png", "grad_dynamics.png",
                                            "role_share.png"]  # fmt: skip
     for alt, data in figures:
         assert colour_share(base64.b64decode(data)) > 0.002, f"{alt} is blank"
@@ -528,14 +578,14 @@ def test_no_blank_figure(tmp_path, signal_runs):
 
 def test_figure_scales(signal_runs):
     """grad_dynamics: one log y axis for all panels, zero-gradient steps left out (not drawn near 0);
-    role_share: a step without a role's share is a hatched 'no data' band; careless_share: <= 4 lines a panel."""
+    role_share: a step without a role's share is a hatched 'no data' band; solution metrics: <= 4 lines a panel."""
     from marlflow.analysis import load_runs
     from marlflow.analysis.plots import (
         MAX_LINES,
         NO_DATA_LABEL,
-        plot_careless_share,
         plot_grad_norm,
         plot_role_share,
+        plot_solution_metrics,
     )
 
     metrics, _ = load_runs(signal_runs)
@@ -554,8 +604,9 @@ def test_figure_scales(signal_runs):
     assert len(hatched) == 1 and hatched[0].get_paths()[0].vertices[:, 1].max() > 0.5  # the generator's 0.75
     assert NO_DATA_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
     assert all(ax.get_ylim() == (0.0, 1.0) for ax in fig.axes)
-    fig = plot_careless_share(metrics)
+    fig = plot_solution_metrics(metrics, ["careless_share"])
     assert [ax.get_title() for ax in fig.axes] == ["voting / math", "orch_workers / math"]
+    assert fig.axes[0].get_ylabel() == "careless_share"
     assert all(0 < len(ax.lines) <= MAX_LINES for ax in fig.axes)
 
 

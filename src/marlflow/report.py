@@ -11,14 +11,17 @@ hyperparameters) and DONE.
 Output contract (rules/report.smk declares exactly these, generated from the names below, so the rule and
 this module cannot drift; every file is written atomically, and the text is deterministic: no timestamps):
 
-    <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png, careless_share.png,
-                                              and interventions.png only when a run has an intervention
-                                              (ITV_FIGURE; otherwise the page says there are none)
+    <figures>/<name> for name in FIGURES      curves.png, grad_dynamics.png, role_share.png;
+                                              solution_metrics.png only when a run's task has solution metrics
+                                              (SOLUTION_FIGURE, marlflow.tasks.solution_metrics.names_of of the
+                                              task names in the runs' config.json; otherwise the page says the
+                                              tasks have none); interventions.png only when a run has an
+                                              intervention (ITV_FIGURE; otherwise the page says there are none)
     <html>                                    the overview page (results/report.html)
     <pages>/RUN_PAGE for each run             one page per run, RUN_PAGE = "{run_id}.html"; <pages> defaults
                                               to the html path without its suffix (results/report/)
 
-`outputs(figures, html, pages, run_ids, interventions)` returns that list of paths. Every page is self-contained: figures
+`outputs(figures, html, pages, run_ids, interventions, solution_metrics)` returns that list of paths. Every page is self-contained: figures
 are embedded as base64 PNG, styles are inline, nothing is fetched from the network; pages link to each
 other by relative paths.
 
@@ -28,7 +31,8 @@ format-failure rises, each with values and steps; a one-seed banner saying how t
 toy base is outside definitions.TOY_BASE_BAND), then provenance (presets, models, git commit, the CPU and its
 kernel capability, torch and threads, each toy model's weights hash, package versions, wall time), one row per
 run linking to its page, eval curves (+- 1 SE bands, y axis shared per task), peak / terminal and the
-paired SP - IP comparison with confidence intervals, careless_share where logged, failure signatures with
+paired SP - IP comparison with confidence intervals, the tasks' own solution metrics (e.g. the toy tasks'
+share of careless-style solver outputs) where the tasks have them, failure signatures with
 their evidence, gradient traces with each SP run next to its IP partner, and the definitions. A run page:
 its settings, curves, per-role train and eval metrics, the step-time split and sample transcripts by step.
 """
@@ -59,16 +63,16 @@ from marlflow.analysis.io import read_samples
 from marlflow.analysis.plots import (
     ITV_SMOOTH,
     TIME_PARTS,
-    careless_series,
-    plot_careless_share,
     plot_curves,
     plot_grad_norm,
     plot_interventions,
     plot_role_share,
     plot_run,
+    plot_solution_metrics,
     plot_step_time,
     png_bytes,
     save_png,
+    solution_series,
     step_time_table,
     with_se,
 )
@@ -85,15 +89,19 @@ from marlflow.analysis.tables import (
     peak_terminal_table,
 )
 from marlflow.metrics import FACTOR_COLUMNS, atomic_write_text
+from marlflow.tasks.solution_metrics import names_of as solution_metric_names
 
 FIGURES = {
     "curves.png": (plot_curves, "Eval accuracy vs step"),
     "grad_dynamics.png": (plot_grad_norm, "Per-role gradient norm vs step"),
     "role_share.png": (plot_role_share, "Per-role share of the step's gradient mass"),
-    "careless_share.png": (plot_careless_share, "Careless-style share of solver outputs"),
+    "solution_metrics.png": (plot_solution_metrics, "Each task's own metrics of its solver outputs vs step"),
     "interventions.png": (plot_interventions, "Per-role gradient traces with and without each intervention"),
 }
 ITV_FIGURE = "interventions.png"  # drawn only when a run has an intervention
+SOLUTION_FIGURE = (
+    "solution_metrics.png"  # drawn only when a run's task has solution metrics; takes their names
+)
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
 # Tables of the statistics step (marlflow.analysis.seeds / claims), shown when the aggregate step wrote them
@@ -147,12 +155,15 @@ def outputs(
     pages_dir: str | os.PathLike | None,
     run_ids: Sequence[str],
     interventions: bool = False,
+    solution_metrics: bool = False,
 ) -> list[Path]:
     """Every file make_report writes for these runs (the output contract in the module docstring);
-    `interventions`: whether any run has an intervention (then ITV_FIGURE is drawn)."""
+    `interventions`: whether any run has an intervention (then ITV_FIGURE is drawn); `solution_metrics`:
+    whether any run's task has solution metrics (then SOLUTION_FIGURE is drawn)."""
     pages = default_pages_dir(html_path) if pages_dir is None else Path(pages_dir)
+    drawn = {ITV_FIGURE: interventions, SOLUTION_FIGURE: solution_metrics}
     return [
-        *(Path(figures_dir) / name for name in FIGURES if interventions or name != ITV_FIGURE),
+        *(Path(figures_dir) / name for name in FIGURES if drawn.get(name, True)),
         Path(html_path),
         *(pages / RUN_PAGE.format(run_id=r) for r in run_ids),
     ]
@@ -404,12 +415,23 @@ def eval_time_text(metrics: pd.DataFrame, train_s: float) -> str:
     return f"{duration(ev)} total, {ev / (ev + train_s):.0%} of training plus evaluation"
 
 
-def careless_first_last(metrics: pd.DataFrame) -> dict[str, str]:
-    s = careless_series(metrics)
-    out = {}
-    for rid, c in s.groupby("run_id"):
-        c = c.sort_values("step")
-        out[rid] = f"{c['careless_share'].iloc[0]:.2f} -> {c['careless_share'].iloc[-1]:.2f}"
+def run_task_names(run_info: dict[str, dict]) -> dict[str, str]:
+    """run id -> its registered task name (config.json task.name); runs without one are left out."""
+    names = {rid: (info["config"].get("task") or {}).get("name") for rid, info in run_info.items()}
+    return {rid: n for rid, n in names.items() if n}
+
+
+def solution_names(run_info: dict[str, dict]) -> tuple[str, ...]:
+    """The solution metrics (marlflow.tasks.solution_metrics) of the runs' tasks; empty: none has any."""
+    return solution_metric_names(run_task_names(run_info).values())
+
+
+def solution_first_last(metrics: pd.DataFrame, names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """run id -> {solution metric: 'first -> last eval value'} for the runs that log it."""
+    out: dict[str, dict[str, str]] = {}
+    for (rid, name), c in solution_series(metrics, names).groupby(["run_id", "metric"]):
+        v = c.sort_values("step")["value"]
+        out.setdefault(rid, {})[name] = f"{v.iloc[0]:.2f} -> {v.iloc[-1]:.2f}"
     return out
 
 
@@ -447,8 +469,20 @@ def _spread(values: pd.Series) -> str:
     return f"{v.mean():.3f} ({v.min():.3f}-{v.max():.3f})"
 
 
-def _seeds(n: int) -> str:
-    return "one seed" if n == 1 else f"range over {n} seeds"
+def replicate_word(df: pd.DataFrame) -> str:
+    """What one replicate of `df`'s cells is called: "seeds", or "replicates (seeds x builds)" where the
+    rows carry more than one toy build (marlflow.analysis.seeds.replicate_keys: a replicate is a (seed, build)
+    pair, so counting them as seeds would overstate the seeds)."""
+    builds = df["build"].nunique() if "build" in df.columns else 1
+    return "replicates (seeds x builds)" if builds > 1 else "seeds"
+
+
+def _seeds(g: pd.DataFrame) -> str:
+    """'one seed', or 'range over N seeds' / 'range over N replicates (seeds x builds)' for a cell's rows."""
+    n, word = n_replicates(g), replicate_word(g)
+    if n == 1:
+        return "one seed" if word == "seeds" else "one replicate"
+    return f"range over {n} {word}"
 
 
 def _more(names: Sequence[str]) -> str:
@@ -463,7 +497,7 @@ def _cell_text(cell: dict, g: pd.DataFrame, peak: str) -> str:
         step = f" (step {steps or '?'})"
     return (
         f"{cell_label(cell)}: base {_spread(g['base'])}, {PEAK_NAMES[peak]} {_spread(g[peak])}{step}, "
-        f"terminal {_spread(g['terminal'])} ({_seeds(n_replicates(g))})"
+        f"terminal {_spread(g['terminal'])} ({_seeds(g)})"
     )
 
 
@@ -633,8 +667,9 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
         head = f"<p class='banner'>{code_spans(ONE_SEED_BANNER)}</p>"
     elif len(per_cell) and per_cell.min() < 5:
         k, n = int(per_cell.min()), int(per_cell.max())
-        head = (f"<p class='banner'>{k if k == n else f'{k}-{n}'} seeds per cell: read differences as "
-                "indications; intervals over so few seeds are wide.</p>")  # fmt: skip
+        word = replicate_word(s)
+        head = (f"<p class='banner'>{k if k == n else f'{k}-{n}'} {word} per cell: read differences as "
+                f"indications; intervals over so few {word.split()[0]} are wide.</p>")  # fmt: skip
     else:
         head = ""
     warn = band_warning(summary)
@@ -759,9 +794,13 @@ def provenance_section(
     return ["<h2 id='provenance'>Provenance</h2>", kv_table([*pairs, ("package versions", versions)])]
 
 
-def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.DataFrame, links) -> list[str]:
+def runs_section(
+    summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.DataFrame, links, solution: Sequence[str] = ()
+) -> list[str]:
+    """The Runs table; a column per solution metric in `solution` that a run logs (step 0 -> last eval)."""
     secs = train_seconds(metrics)
-    careless = careless_first_last(metrics)
+    firstlast = solution_first_last(metrics, solution)
+    shown = [n for n in solution if any(n in v for v in firstlast.values())]
     flags = failure_flags(failures)
     summary = with_peak_se(summary, metrics)
     recs = []
@@ -779,8 +818,7 @@ def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.Data
             "signatures": ", ".join(flags.get(rid, [])),
             "train_time": duration(float(secs.get(rid, math.nan))),
         }
-        if careless:
-            rec["careless_share"] = careless.get(rid, "")
+        rec.update({n: firstlast.get(rid, {}).get(n, "") for n in shown})
         recs.append(rec)
     note = (
         "<p class='note'>One row per run; the run id links to its page (curves, per-role metrics, step time, "
@@ -788,7 +826,7 @@ def runs_section(summary: pd.DataFrame, metrics: pd.DataFrame, failures: pd.Data
         "(peak_heldout_step); gain_heldout = peak_heldout - base; se = standard error of the test evaluation at "
         "that step; peak_in_sample: the maximum over the test evaluations (selected on the numbers it reports: "
         "in-sample, optimistic; no finding uses it)"
-        + ("; careless_share: step 0 -> last eval" if careless else "")
+        + (f"; {', '.join(shown)}: step 0 -> last eval (the task's solution metrics)" if shown else "")
         + ".</p>"
     )
     return ["<h2 id='runs'>Runs</h2>", note, table(pd.DataFrame(recs), links)]
@@ -1012,6 +1050,23 @@ def failures_section(failures: pd.DataFrame, links) -> list[str]:
     return out
 
 
+def solution_section(solution: Sequence[str], tasks: dict[str, str], figures: dict[str, bytes]) -> list[str]:
+    """The tasks' own metrics of their solver outputs (marlflow.tasks.solution_metrics): the figure when the
+    runs' tasks (`tasks`: run id -> task name) have any, else one line saying they have none."""
+    head = "<h2 id='solution'>Solution metrics</h2>"
+    listed = ", ".join(sorted(set(tasks.values()))) or "none recorded in config.json"
+    if not solution:
+        return [head, f"<p class='note'>None: these runs' tasks ({esc(listed)}) define no metrics of their "
+                "solver outputs (marlflow.tasks.solution_metrics), so there is no figure.</p>"]  # fmt: skip
+    return [
+        head,
+        f"<p class='note'>Each task's own metrics of the generator and worker eval outputs ({esc(', '.join(solution))}; "
+        "marlflow.tasks.solution_metrics), e.g. what RL should teach the roles to drop. Step 0 -> last eval per "
+        "run is in the Runs table.</p>",
+        figure(figures[SOLUTION_FIGURE], SOLUTION_FIGURE),
+    ]
+
+
 GRAD_SHOWN = ["run_id", "role", "n_steps", "grad_norm_mean", "grad_norm_max", "grad_share_mean",
               "grad_share_early", "grad_share_late", "grad_share_shift", "norm_ratio", "dominant",
               "share_drop_corr"]  # fmt: skip
@@ -1029,11 +1084,10 @@ def render_overview(
     summary = tables["summary"]
     order = run_order(summary)
     failures = by_run_order(tables["failures"], order)
-    careless_logged = not careless_series(metrics).empty
+    solution = solution_names(run_info)
     sections = [("findings", "Findings"), ("provenance", "Provenance"), ("runs", "Runs"), ("curves", "Curves"),
                 ("peak_terminal", "Peak / terminal"), ("paired", "Paired SP - IP")]  # fmt: skip
-    if careless_logged:
-        sections.append(("careless", "careless_share"))
+    sections.append(("solution", "Solution metrics"))
     sections += [("failures", "Failure signatures"), ("gradients", "Gradients"), ("cells", "By cell"),
                  ("claims", "Claims"), ("definitions", "Definitions")]  # fmt: skip
     body = [
@@ -1041,7 +1095,7 @@ def render_overview(
         "<nav>" + "".join(f"<a href='#{a}'>{esc(t)}</a>" for a, t in sections) + "</nav>",
         *findings_section(tables, metrics),
         *provenance_section(run_info, metrics, commit, summary),
-        *runs_section(summary, metrics, failures, links),
+        *runs_section(summary, metrics, failures, links, solution),
         "<h2 id='curves'>Eval accuracy vs step</h2>",
         "<p class='note'>Panels of one task share their y axis. Shaded: +- 1 standard error of the evaluation; "
         "dashed: each run's step-0 base. SP blue, IP red, single-agent green.</p>",
@@ -1050,13 +1104,7 @@ def render_overview(
         peak_terminal_html(summary),
         *contrasts_section(tables.get("contrasts.csv"), tables.get("interventions.csv")),
     ]
-    if careless_logged:
-        body += [
-            "<h2 id='careless'>careless_share</h2>",
-            "<p class='note'>Share of generator and worker eval outputs in the careless style (toy tasks): "
-            "what RL should teach the roles to drop. Step 0 -> last eval per run is in the Runs table.</p>",
-            figure(figures["careless_share.png"], "careless_share.png"),
-        ]
+    body += solution_section(solution, run_task_names(run_info), figures)
     grads = by_run_order(tables["grad_dynamics"], order)
     body += [
         *failures_section(failures, links),
@@ -1198,8 +1246,9 @@ def render_run_page(
     failure: dict | None,
     overview_href: str,
     nav: tuple[str | None, str | None],
+    solution: Sequence[str] = (),
 ) -> str:
-    """One run's page; `m` holds that run's metrics rows only."""
+    """One run's page; `m` holds that run's metrics rows only; `solution`: its task's solution metrics."""
     fac = m[FACTOR_COLUMNS].iloc[0].to_dict()
     prev_href, next_href = nav
     links = [f"<a href='{esc(overview_href)}'>overview</a>"]
@@ -1244,7 +1293,7 @@ def render_run_page(
     body += [
         "<h2 id='curves'>Curves</h2>",
         "<p class='note'>Shaded: +- 1 standard error of the evaluation.</p>",
-        figure(png_bytes(plot_run(m)), f"{rid} curves"),
+        figure(png_bytes(plot_run(m, solution)), f"{rid} curves"),
     ]
     if not curves.empty:
         c = curves.sort_values("step").assign(se=lambda d: with_se(d))
@@ -1292,10 +1341,15 @@ def make_report(
     commit = git_commit() if commit is None else commit
     written, pngs = {}, {}
     interventions = bool((metrics["intervention"] != "none").any())
+    solution = solution_names(run_info)
+    tasks = run_task_names(run_info)
+    # a placeholder would be an empty figure; the page says there are no interventions / solution metrics
+    drawn = {ITV_FIGURE: interventions, SOLUTION_FIGURE: bool(solution)}
     for name, (plot, _) in FIGURES.items():
-        if name == ITV_FIGURE and not interventions:
-            continue  # a placeholder would be an empty figure; the page says there are no interventions
-        pngs[name] = save_png(plot(metrics), figures_dir / name)
+        if not drawn.get(name, True):
+            continue
+        fig = plot(metrics, solution) if name == SOLUTION_FIGURE else plot(metrics)
+        pngs[name] = save_png(fig, figures_dir / name)
         written[name] = figures_dir / name
     order = run_order(tables["summary"])
     order += sorted(set(metrics["run_id"]) - set(order))
@@ -1318,6 +1372,7 @@ def make_report(
             failures.loc[rid].to_dict() if rid in failures.index else None,
             _href(html_path, pages),
             nav,
+            solution_metric_names([tasks[rid]] if rid in tasks else []),
         )
         atomic_write_text(page_paths[rid], text)
         written[f"pages/{page_paths[rid].name}"] = page_paths[rid]

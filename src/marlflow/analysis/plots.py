@@ -6,14 +6,16 @@ Overview figures (all runs):
     fig = plot_grad_norm(metrics)       # per-role grad_norm vs step, SP panel next to its IP panel; one log y
                                         # axis for all panels, zero-gradient steps left out (not drawn at ~0)
     fig = plot_role_share(metrics)      # per-role grad_share vs step, stacked to 1, missing share grey "no data"
-    fig = plot_careless_share(metrics)  # eval careless_share vs step, panel per workflow x task, <= 4 lines;
-                                        # placeholder if absent
+    fig = plot_solution_metrics(metrics, names)  # each task's own solution metrics (names: e.g.
+                                        # marlflow.tasks.solution_metrics.names_of) vs step, a panel row per
+                                        # metric x task, a column per workflow, <= 4 lines a panel
     fig = plot_interventions(metrics)   # per-role grad_norm / proj_share / slot_amplification, a line per
                                         # intervention (none included); placeholder without interventions
 
 Per-run figures (one run's rows):
 
-    fig = plot_run(metrics_of_one_run)        # accuracy +- SE and other eval metrics, reward, per-role gradients
+    fig = plot_run(metrics_of_one_run, names) # accuracy +- SE, other eval metrics and the solution metrics
+                                              # `names`, reward, per-role gradients
     fig = plot_step_time(metrics_of_one_run)  # stacked time_generate / time_score / time_backward / time_other
 
     save_png(fig, "results/figures/curves.png")   # atomic; returns the PNG bytes
@@ -29,6 +31,7 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Sequence
 
 import matplotlib
 
@@ -47,7 +50,7 @@ from marlflow.analysis.tables import (  # noqa: E402
     WORKFLOW_ORDER,
     order_key,
 )
-from marlflow.metrics import atomic_write_bytes  # noqa: E402
+from marlflow.metrics import FACTOR_COLUMNS, atomic_write_bytes  # noqa: E402
 from marlflow.workflows.spec import baseline  # noqa: E402
 
 SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
@@ -63,9 +66,11 @@ ROLE_COLOURS = {
 }
 TIME_PARTS = ["time_generate", "time_score", "time_backward", "time_other"]
 TIME_COLOURS = dict(zip(TIME_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"]))
-# eval metrics (role "all") drawn next to accuracy on a run's page when logged
-EXTRA_EVAL = ["any_correct", "generator_accuracy", "worker_accuracy", "careless_share"]
-EXTRA_STYLES = dict(zip(EXTRA_EVAL, [":", "-.", "-.", "--"]))
+# workflow eval metrics (role "all") drawn next to accuracy on a run's page when logged; a task's solution
+# metrics (marlflow.tasks.solution_metrics) are drawn there too, dashed
+EXTRA_EVAL = ["any_correct", "generator_accuracy", "worker_accuracy"]
+EXTRA_STYLES = dict(zip(EXTRA_EVAL, [":", "-.", "-."]))
+SOLUTION_STYLE = "--"
 # the cell a run belongs to, sharing left out: an SP run and its IP partner share this key
 PAIR_KEY = ["workflow", "scale", "task", "seed", "intervention"]
 MIN_YSPAN = 0.1  # smallest accuracy range on a curves y axis
@@ -282,10 +287,15 @@ def plot_role_share(metrics: pd.DataFrame, pairs_per_row: int = 2) -> Figure:
     return fig
 
 
-def careless_series(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Eval careless_share per run x step (role "all"); empty if no run logs it."""
-    s = wide(metrics, "eval", "all", ["careless_share"])
-    return s[s["careless_share"].notna()].reset_index(drop=True)
+def solution_series(metrics: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """Eval solution metrics `names` (role "all") long: one row per run x step x metric with a value (factor
+    columns, step, metric, value); empty if no run logs any of them."""
+    keys = [*FACTOR_COLUMNS, "step"]
+    if not names:
+        return pd.DataFrame(columns=[*keys, "metric", "value"])
+    s = wide(metrics, "eval", "all", list(names))
+    long = s.melt(id_vars=keys, value_vars=list(names), var_name="metric", value_name="value")
+    return long[long["value"].notna()].sort_values([*keys, "metric"]).reset_index(drop=True)
 
 
 ITV_TRACES = ["grad_norm", "proj_share", "slot_amplification"]
@@ -329,36 +339,42 @@ def plot_interventions(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
-MAX_LINES = 4  # most lines in one careless_share panel
+MAX_LINES = 4  # most lines in one solution-metric panel
 
 
-def plot_careless_share(metrics: pd.DataFrame) -> Figure:
-    """Share of generator/worker eval outputs in the careless style vs step: a panel per task x workflow (rows
-    task), a line per sharing x scale x intervention (colour by sharing, marker by scale), the mean over seeds.
+def plot_solution_metrics(metrics: pd.DataFrame, names: Sequence[str]) -> Figure:
+    """Each task's own metrics of its solver outputs (marlflow.tasks.solution_metrics; `names`, e.g. the toy
+    tasks' careless_share) vs step: a row of panels per metric x task that logs it, a column per workflow, a
+    line per sharing x scale x intervention (colour by sharing, marker by scale), the mean over replicates.
     A panel with more than MAX_LINES such lines draws the MAX_LINES with the most runs and says how many it
-    left out. A placeholder figure when no run logs careless_share."""
-    s = careless_series(metrics)
+    left out. y is [0, 1] for a metric whose values all lie there, else shared along the row. A placeholder
+    figure (saying which names) when no run logs any of `names`: callers draw this figure only when the runs'
+    tasks have solution metrics (marlflow.report)."""
+    s = solution_series(metrics, names)
     if s.empty:
-        return _placeholder("careless_share is not logged by these runs (only toy tasks log it)")
-    tasks = sorted(s["task"].unique(), key=order_key(TASK_ORDER))
+        return _placeholder(f"{', '.join(names) or 'no solution metric'}: not logged by these runs")
+    rows = [
+        (m, t)
+        for m in names
+        for t in sorted(s.loc[s["metric"] == m, "task"].unique(), key=order_key(TASK_ORDER))
+    ]
     workflows = sorted(s["workflow"].unique(), key=order_key(WORKFLOW_ORDER))
     scales = sorted(s["scale"].unique(), key=order_key(SCALE_ORDER))
     marker = {sc: MARKERS[i % len(MARKERS)] for i, sc in enumerate(scales)}
-    fig = Figure(figsize=(3.4 * len(workflows), 2.6 * len(tasks) + 0.6), layout="constrained")
-    axes = fig.subplots(len(tasks), len(workflows), sharey=True, squeeze=False)
+    fig = Figure(figsize=(3.4 * len(workflows), 2.6 * len(rows) + 0.6), layout="constrained")
+    axes = fig.subplots(len(rows), len(workflows), sharey="row", squeeze=False)
     line_key = ["sharing", "scale", "intervention"]
-    for i, t in enumerate(tasks):
+    for i, (metric, t) in enumerate(rows):
         for j, w in enumerate(workflows):
             ax = axes[i][j]
             ax.set_title(f"{w} / {t}", fontsize=9)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
-            ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3, lw=0.5)
-            panel = s[(s["task"] == t) & (s["workflow"] == w)]
+            panel = s[(s["metric"] == metric) & (s["task"] == t) & (s["workflow"] == w)]
             groups = sorted(panel.groupby(line_key, sort=True), key=lambda kg: -kg[1]["run_id"].nunique())
             for (sharing, scale, itv), g in groups[:MAX_LINES]:
-                mean = g.groupby("step")["careless_share"].mean()
+                mean = g.groupby("step")["value"].mean()
                 ax.plot(mean.index, mean.values, color=colour(w, sharing), marker=marker[scale], ms=3,
                         ls="-" if itv == "none" else "--", lw=1.2)  # fmt: skip
             if len(groups) > MAX_LINES:
@@ -366,7 +382,10 @@ def plot_careless_share(metrics: pd.DataFrame) -> Figure:
                         ha="right", va="top", fontsize=6, color="#555")  # fmt: skip
             if panel.empty:
                 ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="#777")
-        axes[i][0].set_ylabel("careless share", fontsize=8)
+        values = s.loc[s["metric"] == metric, "value"]
+        if values.between(0.0, 1.0).all():
+            axes[i][0].set_ylim(-0.02, 1.02)
+        axes[i][0].set_ylabel(metric, fontsize=8)
     present = {("single" if w == baseline() else sh) for w, sh in zip(s["workflow"], s["sharing"])}
     handles = [
         Line2D([], [], color=v, label=SHARING_LABELS[k]) for k, v in SHARING_COLOURS.items() if k in present
@@ -378,15 +397,17 @@ def plot_careless_share(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_run(metrics: pd.DataFrame) -> Figure:
-    """One run's page figure, four panels: eval accuracy +- SE with the other workflow-level eval metrics;
-    train reward_mean (workflow and per role); per-role grad_norm; per-role grad_share."""
+def plot_run(metrics: pd.DataFrame, solution: Sequence[str] = ()) -> Figure:
+    """One run's page figure, four panels: eval accuracy +- SE with the other workflow-level eval metrics
+    (EXTRA_EVAL) and its task's solution metrics `solution` (marlflow.tasks.solution_metrics); train
+    reward_mean (workflow and per role); per-role grad_norm; per-role grad_share."""
     if metrics["run_id"].nunique() != 1:
         raise ValueError(f"plot_run takes one run's metrics, got runs {sorted(metrics['run_id'].unique())}")
     fig = Figure(figsize=(11, 6.4), layout="constrained")
     (a_eval, a_rew), (a_norm, a_share) = fig.subplots(2, 2)
     curves = eval_curves(metrics)
-    ev = wide(metrics, "eval", "all", EXTRA_EVAL)
+    extra = {**EXTRA_STYLES, **{name: SOLUTION_STYLE for name in solution if name not in EXTRA_STYLES}}
+    ev = wide(metrics, "eval", "all", list(extra))
     a_eval.set_title("eval (workflow)", fontsize=10)
     if not curves.empty:
         c = curves.sort_values("step")
@@ -395,11 +416,12 @@ def plot_run(metrics: pd.DataFrame) -> Figure:
         if np.isfinite(se).any():
             a_eval.fill_between(x, y - se, y + se, color="k", alpha=0.12, lw=0, label="+- 1 SE")
         a_eval.plot(x, y, color="k", marker="o", ms=3, lw=1.4, label="accuracy")
-    for name in EXTRA_EVAL:
-        e = ev[["step", name]].dropna().sort_values("step")
+    shown = [ev[["step", name]].dropna().sort_values("step") for name in extra]
+    for (name, style), e in zip(extra.items(), shown):
         if len(e):
-            a_eval.plot(e["step"], e[name], ls=EXTRA_STYLES[name], marker=".", lw=1.0, label=name)
-    a_eval.set_ylim(-0.02, 1.02)
+            a_eval.plot(e["step"], e[name], ls=style, marker=".", lw=1.0, label=name)
+    if all(e.iloc[:, 1].between(0.0, 1.0).all() for e in shown):  # a solution metric may be no share
+        a_eval.set_ylim(-0.02, 1.02)
     _finish(a_eval, "value")
     rew = wide(metrics, "train", None, ["reward_mean"]).dropna(subset=["reward_mean"])
     a_rew.set_title("train reward_mean", fontsize=10)

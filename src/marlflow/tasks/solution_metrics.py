@@ -13,11 +13,12 @@ style that RL should drop (README, "What is learned").
 
     from marlflow.tasks.solution_metrics import solution_metrics
     solution_metrics(get_task("toy_math"), ["\\boxed{3}", "1+2=3;\\boxed{3}"])   # {"careless_share": 0.5}
+    names_of(["toy_math", "smol_math"])   # ("careless_share",): what the report and its rule draw
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -29,6 +30,16 @@ def metric_names(task) -> tuple[str, ...]:
     if hasattr(task, "solution_metrics"):
         return tuple(task.solution_metric_names)
     return (CARELESS,) if hasattr(task, "careless") else ()
+
+
+def names_of(task_names: Iterable[str]) -> tuple[str, ...]:
+    """The solution metric names of the registered tasks `task_names` (marlflow.tasks.get_task; an unknown
+    name is a KeyError listing the known ones), each once, in the order of the sorted task names. The report
+    (marlflow.report) draws its solution-metrics figure, and rules/report.smk declares it, exactly when this is
+    not empty."""
+    from marlflow.tasks import get_task  # the registry imports every task module: only when asked
+
+    return tuple(dict.fromkeys(n for t in sorted(set(task_names)) for n in metric_names(get_task(t))))
 
 
 def solution_metrics(task, texts: Sequence[str]) -> dict[str, float]:

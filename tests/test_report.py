@@ -516,6 +516,20 @@ def test_solution_metrics_only_where_the_tasks_have_them(tmp_path):
     assert "<th>careless_<wbr>share</th>" in page and "<td>0.70 -&gt; 0.20</td>" in page
 
 
+def test_run_figure_draws_the_solution_metrics_it_is_given(runs):
+    """A run page's eval panel draws its task's solution metrics (report passes the task's names), no others."""
+    from marlflow.analysis import load_runs
+    from marlflow.analysis.plots import plot_run
+
+    metrics, _ = load_runs(runs[:1])  # voting-ip-toy-math-s0, logs careless_share
+
+    def labels(fig):
+        return fig.axes[0].get_legend_handles_labels()[1]
+
+    assert "careless_share" in labels(plot_run(metrics, ["careless_share"]))
+    assert "careless_share" not in labels(plot_run(metrics)) and "accuracy" in labels(plot_run(metrics))
+
+
 def test_replicates_wording_names_builds():
     """A cell's range counts replicates: over seeds alone it says seeds, over several toy builds it says so."""
     one_build = pd.DataFrame({"seed": [0, 1], "build": [0, 0]})

@@ -21,9 +21,9 @@ this module cannot drift; every file is written atomically, and the text is dete
     <pages>/RUN_PAGE for each run             one page per run, RUN_PAGE = "{run_id}.html"; <pages> defaults
                                               to the html path without its suffix (results/report/)
 
-`outputs(figures, html, pages, run_ids, interventions, solution_metrics)` returns that list of paths. Every page is self-contained: figures
-are embedded as base64 PNG, styles are inline, nothing is fetched from the network; pages link to each
-other by relative paths.
+`outputs(figures, html, pages, run_ids, interventions, solution_metrics)` returns that list of paths. Every
+page is self-contained: figures are embedded as base64 PNG, styles are inline, nothing is fetched from the
+network; pages link to each other by relative paths.
 
 The overview opens with a findings box (findings_section: the best and worst cell, SP - IP per workflow x
 task with its CI or, with one seed, the evaluation noise, terminal cliffs, failure signatures and
@@ -32,8 +32,8 @@ toy base is outside definitions.TOY_BASE_BAND), then provenance (presets, models
 kernel capability, torch and threads, each toy model's weights hash, package versions, wall time), one row per
 run linking to its page, eval curves (+- 1 SE bands, y axis shared per task), peak / terminal and the
 paired SP - IP comparison with confidence intervals, the tasks' own solution metrics (e.g. the toy tasks'
-share of careless-style solver outputs) where the tasks have them, failure signatures with
-their evidence, gradient traces with each SP run next to its IP partner, and the definitions. A run page:
+share of careless-style solver outputs) where the tasks have them, failure signatures with their evidence,
+gradient traces with each SP run next to its IP partner, and the definitions. A run page:
 its settings, curves, per-role train and eval metrics, the step-time split and sample transcripts by step.
 """
 

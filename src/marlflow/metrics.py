@@ -151,7 +151,9 @@ def read_metrics(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
 def rows(
     factors: Mapping[str, object], step: int, split: str, role: str, values: Mapping[str, float]
 ) -> list[dict]:
-    """Long-format rows for one (step, split, role): one row per metric name."""
+    """Long-format rows for one (step, split, role): one row per metric name. Factors without a `build` are
+    build 0 (every model but a rebuilt toy one)."""
+    factors = {"build": 0, **factors}
     base = {c: factors[c] for c in FACTOR_COLUMNS}
     return [
         {**base, "step": int(step), "split": split, "role": role, "metric": k, "value": float(v)}

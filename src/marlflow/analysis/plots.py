@@ -347,7 +347,7 @@ def plot_solution_metrics(metrics: pd.DataFrame, names: Sequence[str]) -> Figure
     tasks' careless_share) vs step: a row of panels per metric x task that logs it, a column per workflow, a
     line per sharing x scale x intervention (colour by sharing, marker by scale), the mean over replicates.
     A panel with more than MAX_LINES such lines draws the MAX_LINES with the most runs and says how many it
-    left out. y is [0, 1] for a metric whose values all lie there, else shared along the row. A placeholder
+    left out. A row shares its y axis: [0, 1] for a metric whose values all lie there. A placeholder
     figure (saying which names) when no run logs any of `names`: callers draw this figure only when the runs'
     tasks have solution metrics (marlflow.report)."""
     s = solution_series(metrics, names)

@@ -13,6 +13,16 @@ from marlflow import checkpoint
 from marlflow import rollout as ro
 from marlflow import update as upd
 from marlflow.metrics import VOLATILE_METRICS
+from marlflow.tasks import register
+from marlflow.tasks.toy import ToyMath
+
+
+@register("parity")  # the same test task as test_trainer.py: reward variance in every group, real updates
+class Parity(ToyMath):
+    name = "parity"
+
+    def score(self, problems, outputs):
+        return [float(len(o) % 2) for o in outputs]
 
 
 def _rg(role, g, f=1.0, slot_grads=(), **kw):
@@ -98,7 +108,7 @@ def test_state_dict_round_trip_gives_the_same_next_step(make_cfg, tmp_path):
 
     from marlflow.train import build_trainer
 
-    cfg = make_cfg("voting", "ip", steps=2)
+    cfg = make_cfg("voting", "ip", task="parity", steps=2, problems_per_step=4)
     a = build_trainer(cfg, tmp_path / "a")
     a.step = 1
     assert a.train_step(1)
@@ -111,6 +121,8 @@ def test_state_dict_round_trip_gives_the_same_next_step(make_cfg, tmp_path):
     checkpoint.set_rng_state(state["rng"])  # the process RNG b consumed: a goes on from the same point
     a.step = 2
     assert a.train_step(2)
+    first = _step_rows(a, 1)
+    assert (first[first.metric == "grad_norm"].value > 0).any()  # AdamW has moments to carry into step 2
     pd.testing.assert_frame_equal(_step_rows(a, 2), _step_rows(b, 2))
     for p in cfg.policies:
         sa, sb = (get_peft_model_state_dict(t.model, adapter_name=p) for t in (a, b))

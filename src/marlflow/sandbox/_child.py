@@ -105,67 +105,88 @@ def _parent_gone(alive_fd) -> bool:
     return bool(select.select([alive_fd], [], [], 0)[0])
 
 
+def _own_stdio(job: dict, fds: dict, inside: str, roots: list[str], alive_fd) -> io.TextIOWrapper:
+    """The first setup steps of `candidate`: a session of its own, stdin from the job's file (deleted once
+    open) or /dev/null, stdout and stderr on the job's pipes, every other fd closed but the result,
+    request, response and supervisor-alive fds, a scrubbed environment, and `sys.path` limited to the
+    read roots. Returns the new `sys.stdout`."""
+    os.setsid()
+    stdin_path = job.get("stdin_path")
+    in_fd = os.open(stdin_path or os.devnull, os.O_RDONLY)
+    for src, dst in ((in_fd, 0), (fds["out"], 1), (fds["err"], 2)):
+        os.dup2(src, dst)
+    _close_fds_except(
+        {fds["res"], fds.get("req", -1), fds.get("resp", -1), alive_fd if alive_fd is not None else -1}
+    )
+    if stdin_path:
+        os.unlink(stdin_path)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    stdout = sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace"
+    )
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="replace")
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8"})
+    tempfile.tempdir = inside
+    sys.dont_write_bytecode = True
+    sys.path[:] = [p for p in sys.path if p and any(p.startswith(r) for r in roots)]
+    return stdout
+
+
+def _confine(job: dict, workdir: str, inside: str, roots: list[str], exit_) -> None:
+    """The kernel layers of `candidate`, in an order that matters (see docs/sandbox.md): rlimits, the
+    working dir's tmpfs and the chroot into the view (both need the privileges given up next), uid and
+    gid drop, every capability dropped, PDEATHSIG (cleared by setuid; then exit 3 if the supervisor is
+    already gone), Landlock, and seccomp last (it refuses mount and chroot). Raises OSError where the
+    view's tmpfs or a seccomp filter the supervisor counted on (`job["base"]`, `job["layers"]`) is refused."""
+    base, layers, alive_fd = job.get("base"), job.get("layers") or {}, job.get("alive_fd")
+    _limits(job["timeout"], job["memory_mb"])
+    # A private, size-capped, non-executable tmpfs over the working dir: disk use is bounded and freed
+    # with the process, and nothing written there can be mapped executable (no extension module, no
+    # shared object). With the PID namespace the child already has its own mount namespace.
+    if layers.get("pidns") or _libc.unshare(_CLONE_NEWNS) == 0:
+        if not base:
+            _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+        opts = f"size={WORKDIR_MB}m,mode=0700" + (
+            f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if job.get("drop_uid") else ""
+        )
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        if _libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", flags, opts.encode()) != 0 and base:
+            raise OSError("cannot mount the working directory's tmpfs")
+    if base:
+        os.chroot(base)  # the view: the Python install (read-only), three devices, the working dir
+    os.chdir(inside)
+    if job.get("drop_uid"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+        os.setgroups([])
+        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+    # Root that cannot drop its uid, and an unprivileged supervisor's child (which holds every
+    # capability of the supervisor's user namespace), shed them all.
+    _drop_capabilities()
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
+    if _parent_gone(alive_fd):
+        exit_(3)
+    if alive_fd is not None:
+        os.close(alive_fd)
+    _landlock(roots, inside, ["/dev/null", "/dev/urandom", "/dev/zero"])
+    if not _seccomp() and layers.get("seccomp"):
+        raise OSError("the kernel refused the seccomp filter")
+
+
 def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
     """Runs in the forked child; never returns. Where the supervisor built a view (`job["base"]`), the
-    child chroots into it and `workdir` (a path in the supervisor's view) becomes `inside`."""
+    child chroots into it and `workdir` (a path in the supervisor's view) becomes `inside`. The program is
+    compiled, run and called from this frame, not a helper: frames below it count against its recursion
+    limit (and the compiler's nesting limit in Python 3.11); the setup helpers return before it runs."""
     write, exit_, exec_, compile_ = os.write, os._exit, exec, compile
     res = fds["res"]
     stage = "setup"
-    base, layers, alive_fd = job.get("base"), job.get("layers") or {}, job.get("alive_fd")
+    base = job.get("base")
     inside = workdir[len(base) :] if base else workdir
     try:
-        os.setsid()
-        stdin_path = job.get("stdin_path")
-        in_fd = os.open(stdin_path or os.devnull, os.O_RDONLY)
-        for src, dst in ((in_fd, 0), (fds["out"], 1), (fds["err"], 2)):
-            os.dup2(src, dst)
-        _close_fds_except(
-            {res, fds.get("req", -1), fds.get("resp", -1), alive_fd if alive_fd is not None else -1}
-        )
-        if stdin_path:
-            os.unlink(stdin_path)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
-        stdout = sys.stdout = io.TextIOWrapper(
-            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace"
-        )
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="replace")
-        os.environ.clear()
-        os.environ.update({"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8"})
-        tempfile.tempdir = inside
-        sys.dont_write_bytecode = True
-        sys.path[:] = [p for p in sys.path if p and any(p.startswith(r) for r in roots)]
-        _limits(job["timeout"], job["memory_mb"])
-        # A private, size-capped, non-executable tmpfs over the working dir: disk use is bounded and freed
-        # with the process, and nothing written there can be mapped executable (no extension module, no
-        # shared object). With the PID namespace the child already has its own mount namespace.
-        if layers.get("pidns") or _libc.unshare(_CLONE_NEWNS) == 0:
-            if not base:
-                _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-            opts = f"size={WORKDIR_MB}m,mode=0700" + (
-                f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if job.get("drop_uid") else ""
-            )
-            flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-            if _libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", flags, opts.encode()) != 0 and base:
-                raise OSError("cannot mount the working directory's tmpfs")
-        if base:
-            os.chroot(base)  # the view: the Python install (read-only), three devices, the working dir
-        os.chdir(inside)
-        if job.get("drop_uid"):
-            resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
-            os.setgroups([])
-            os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-            os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-        # Root that cannot drop its uid, and an unprivileged supervisor's child (which holds every
-        # capability of the supervisor's user namespace), shed them all.
-        _drop_capabilities()
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
-        if _parent_gone(alive_fd):
-            exit_(3)
-        if alive_fd is not None:
-            os.close(alive_fd)
-        _landlock(roots, inside, ["/dev/null", "/dev/urandom", "/dev/zero"])
-        if not _seccomp() and layers.get("seccomp"):
-            raise OSError("the kernel refused the seccomp filter")
+        stdout = _own_stdio(job, fds, inside, roots, job.get("alive_fd"))
+        _confine(job, workdir, inside, roots, exit_)
         mode = job["mode"]
         stage = "compile"
         sol = compile_(job["code"], "<solution>", "exec")

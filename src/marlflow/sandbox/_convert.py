@@ -302,7 +302,6 @@ def convert(
             return None
     env: dict = {"__shadowed__": _defined(code)}
     modules: set[str] = {"math"}  # tests ran in the program's globals, where `math` was usually imported
-    checks_defs: dict[str, ast.FunctionDef] = {}
     body = list(tree.body)
     setup: list[ast.stmt] = []
     # A leading setup block: statements before the first assert that are not all constants.
@@ -335,38 +334,64 @@ def convert(
         if isinstance(t, ast.Name)
     }
     only = None if entry_point is None else {entry_point}
-    calls, checks = [], []
+    walk = _Walk(body, modules, only)
+    # Every name bound in the tests' module scope (helpers, constants, the check function, setup names).
+    tests_own = frozenset(module_names(tree, loads=False)[1])  # (`x := ...` never converts anyway)
+    reused = _Reused(tree)
+    try:
+        walk.run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own, reused))
+    except (NotConvertible, RecursionError, TypeError, ValueError):
+        return None
+    if walk.checks_defs and not walk.calls and not walk.checks:
+        return None  # a check function that was never called: leave it to the fallback
+    return {"setup": ast.unparse(setup) if setup else "", "calls": walk.calls, "checks": walk.checks}
 
-    def run(stmts, ctx: _Ctx) -> None:
+
+class _Walk:
+    """The statement walk of `convert`, which raises NotConvertible for a statement of no known shape.
+    It collects `calls` (sent to the candidate, each with its wrappers), `checks` (kept in the caller)
+    and `checks_defs` (`def check(candidate)` functions, taken only from the tests' module scope
+    `body`), and adds the modules the tests import to `modules` (shared with every `_Ctx`). `only`: as
+    `convert`'s `entry_point`, as a set (or None)."""
+
+    def __init__(self, body: list[ast.stmt], modules: set[str], only: set[str] | None):
+        self.body, self.modules, self.only = body, modules, only
+        self.checks_defs: dict[str, ast.FunctionDef] = {}
+        self.calls: list = []
+        self.checks: list = []
+
+    # One frame per level of `check` nesting, called straight from `convert`: the frames under `const`
+    # and `_check_for`, which meet the recursion limit on deeply nested tests, are as few as they can be.
+    def run(self, stmts, ctx: _Ctx) -> None:
         for s in stmts:
             if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) or isinstance(s, ast.Pass):
                 continue
             if isinstance(s, ast.Import) and all(a.asname is None and "." not in a.name for a in s.names):
-                modules.update(a.name for a in s.names)
+                self.modules.update(a.name for a in s.names)
                 continue
             if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
                 ctx.env[s.targets[0].id] = const(s.value, ctx.env, ctx.modules)
                 continue
             if (
                 isinstance(s, ast.FunctionDef)
-                and stmts is body
+                and stmts is self.body
                 and len(s.args.args) == 1
                 and not s.decorator_list
             ):
-                checks_defs[s.name] = s
+                self.checks_defs[s.name] = s
                 continue
             if (
                 isinstance(s, ast.Expr)
                 and isinstance(s.value, ast.Call)
                 and isinstance(s.value.func, ast.Name)
             ):
-                f = checks_defs.get(s.value.func.id)
+                f = self.checks_defs.get(s.value.func.id)
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
                     target = s.value.args[0].id
-                    inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target},
-                                 None if only is None else only | {target}, ctx.defined, ctx.tests_own,
-                                 ctx.reused)  # fmt: skip
-                    run(f.body, inner)
+                    only = None if self.only is None else self.only | {target}
+                    inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target}, only,
+                                 ctx.defined, ctx.tests_own, ctx.reused)  # fmt: skip
+                    self.run(f.body, inner)
                     continue
             if isinstance(s, ast.Assert):
                 got = _check_for(s.test, ctx)
@@ -378,22 +403,11 @@ def convert(
                 if call is not None:
                     # Wrappers go with the call: the candidate applies them to its real return value.
                     wrappers = [[n, to_wire(list(x)), to_wire(kw)] for n, x, kw in check.pop("wrappers")]
-                    check["call"] = len(calls)
-                    calls.append((*call, wrappers))
-                checks.append(check)
+                    check["call"] = len(self.calls)
+                    self.calls.append((*call, wrappers))
+                self.checks.append(check)
                 continue
             raise NotConvertible(type(s).__name__)
-
-    # Every name bound in the tests' module scope (helpers, constants, the check function, setup names).
-    tests_own = frozenset(module_names(tree, loads=False)[1])  # (`x := ...` never converts anyway)
-    reused = _Reused(tree)
-    try:
-        run(body, _Ctx(env, modules, refs, {}, only, env["__shadowed__"], tests_own, reused))
-    except (NotConvertible, RecursionError, TypeError, ValueError):
-        return None
-    if checks_defs and not calls and not checks:
-        return None  # a check function that was never called: leave it to the fallback
-    return {"setup": ast.unparse(setup) if setup else "", "calls": calls, "checks": checks}
 
 
 class _Reused:

@@ -72,16 +72,12 @@ def neuter_private_modules() -> None:
                     setattr(mod, attr, refused)
 
 
-def make_audit_hook(workdir: str, read_roots: list[str]):
-    """Audit hook for the untrusted program. Its state lives only in this closure."""
-    wd = workdir.rstrip("/") + "/"
-    ok_read = tuple(r.rstrip("/") + "/" for r in read_roots) + (wd, "/dev/null", "/dev/urandom", "/dev/zero")
-    ok_write = (wd, "/dev/null")
-    abspath, fspath, getcwd, isdir = os.path.abspath, os.fspath, os.getcwd, os.path.isdir
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    path_flags = getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
-    private = frozenset(_PRIVATE_MODULES)
-    ext_ok = tuple(r.rstrip("/") + "/" for r in read_roots)
+def _path_checks(wd: str, ext_ok: tuple[str, ...]):
+    """(native_allowed, inside): the audit hook's path tests, closures over `wd` (the working dir with a
+    trailing "/"), `ext_ok` (the read roots, each with a trailing "/") and the os functions as they are
+    now. Called once, by `make_audit_hook`, before the program runs; the hook holds the closures
+    themselves, never looks them up by name, so the program cannot swap them for others."""
+    abspath, fspath, getcwd = os.path.abspath, os.fspath, os.getcwd
 
     def native_allowed(filename) -> bool:
         # Only plain string ops and no patchable module globals: the program may have replaced posixpath.
@@ -119,6 +115,21 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
             return True  # an fd the process already holds
         p = resolve(path)
         return p is not None and ((p + "/").startswith(allowed) or p in {a.rstrip("/") for a in allowed})
+
+    return native_allowed, inside
+
+
+def make_audit_hook(workdir: str, read_roots: list[str]):
+    """Audit hook for the untrusted program. Its state lives only in this closure (and in the closures
+    of `_path_checks` it holds)."""
+    wd = workdir.rstrip("/") + "/"
+    ok_read = tuple(r.rstrip("/") + "/" for r in read_roots) + (wd, "/dev/null", "/dev/urandom", "/dev/zero")
+    ok_write = (wd, "/dev/null")
+    isdir = os.path.isdir
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    path_flags = getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
+    private = frozenset(_PRIVATE_MODULES)
+    native_allowed, inside = _path_checks(wd, tuple(r.rstrip("/") + "/" for r in read_roots))
 
     def hook(event: str, args) -> None:
         if event in _BLOCKED_EVENTS or event.startswith(("ctypes.", "os.exec", "os.spawn", "os.posix_spawn")):

@@ -133,12 +133,7 @@ def supervise(job: dict, read_tests) -> dict:
     mine: list[int] = []
     bufs: dict[int, bytearray] = {}
     try:
-        if job.get("drop_uid"):
-            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
-        if job.get("stdin") is not None:
-            job["stdin_path"] = os.path.join(workdir, ".stdin")
-            with open(job["stdin_path"], "w", encoding="utf-8") as f:
-                f.write(job["stdin"])
+        _prepare_workdir(job, workdir)
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -149,14 +144,8 @@ def supervise(job: dict, read_tests) -> dict:
             resp_r, resp_w = os.pipe()
             mine += [req_r, req_w, resp_r, resp_w]
             cfds.update(req=req_r, resp=resp_w)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if _SUPERVISOR.get("pidns"):
-            pid = _fork_isolated()  # PID 1 of its own namespace: its death kills all it left behind
-            if pid < 0:
-                raise OSError("the kernel refused new namespaces for this program (too many at once?)")
-        else:
-            pid = os.fork()
+        pid = _fork_candidate()
+        # The child calls `candidate` from this frame, not from a helper (see its docstring: stack depth).
         if pid == 0:  # pragma: no cover - the child never returns
             try:
                 candidate(job, cfds, workdir, roots)
@@ -192,14 +181,7 @@ def supervise(job: dict, read_tests) -> dict:
         names = {out_r: "stdout", err_r: "stderr", res_r: "results", verdict_r: "verdict"}
         status, timed_out, over = _collect(pids, bufs, limits, keep, names, t0 + job["timeout"])
     finally:
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p, signal.SIGKILL)
-        _reap_strays()
-        for fd in mine:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _clean_up(pids, mine, workdir)
     return {
         "mode": job["mode"],
         "exit": status.get(pids[0]),
@@ -212,6 +194,46 @@ def supervise(job: dict, read_tests) -> dict:
         "verdict": bytes(bufs[verdict_r]).decode("utf-8", "replace") if judged else "",
         "seconds": round(time.monotonic() - t0, 4),
     }
+
+
+def _prepare_workdir(job: dict, workdir: str) -> None:
+    """Hand the job's working dir to the sandbox uid (when the candidate drops to it) and write the job's
+    stdin there, as `.stdin` (`job["stdin_path"]`; the candidate opens and deletes it)."""
+    if job.get("drop_uid"):
+        os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+    if job.get("stdin") is not None:
+        job["stdin_path"] = os.path.join(workdir, ".stdin")
+        with open(job["stdin_path"], "w", encoding="utf-8") as f:
+            f.write(job["stdin"])
+
+
+def _fork_candidate() -> int:
+    """Fork the candidate's process, as `os.fork` (0 in the child): PID 1 of its own PID namespace where
+    the worker has one, its death then killing all it left behind. Output buffers are flushed first so
+    the child does not write them again."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _SUPERVISOR.get("pidns"):
+        pid = _fork_isolated()
+        if pid < 0:
+            raise OSError("the kernel refused new namespaces for this program (too many at once?)")
+    else:
+        pid = os.fork()
+    return pid
+
+
+def _clean_up(pids: list[int], mine: list[int], workdir: str) -> None:
+    """After a job, whatever happened: kill the process group of every child forked (`pids`) and any
+    descendant that escaped it, close the supervisor's own pipe ends still open (`mine`), and delete the
+    working dir."""
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p, signal.SIGKILL)
+    _reap_strays()
+    for fd in mine:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _collect(pids: list[int], bufs: dict, limits: dict, keep: dict, names: dict, deadline: float):

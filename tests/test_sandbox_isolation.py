@@ -244,3 +244,23 @@ def test_without_the_kernel_layers_the_pool_refuses_loudly(monkeypatch, capfd):
         pool.start()
         assert pool._all[0].info["missing"] == ["netns", "view", "pidns"]
         assert pool.map([HEALTHY])[0].passed
+
+
+def test_the_audit_hook_keeps_its_own_copies_of_what_it_refuses(tmp_path, monkeypatch):
+    """A program can `import marlflow.sandbox._guard` (already loaded: no audit event) and empty or rebind its
+    module-level sets; the hook made before the program ran must still refuse. Before: it read them at each
+    event, so clearing _BLOCKED_EVENTS let os.system through the hook (the kernel layers still held)."""
+    from marlflow.sandbox import _guard
+
+    hook = _guard.make_audit_hook(str(tmp_path), [sys.prefix])
+    for name in ("_BLOCKED_EVENTS", "_FRAME_ATTRS", "_PATH_EVENTS", "_PRIVATE_MODULES"):
+        monkeypatch.setattr(_guard, name, set())
+    monkeypatch.setattr(_guard.os.path, "basename", lambda p: "harmless")
+    with pytest.raises(_guard.SandboxViolation, match="os.system"):
+        hook("os.system", ("echo pwned",))
+    with pytest.raises(AttributeError, match="frame access"):
+        hook("object.__getattr__", (object(), "f_back"))
+    with pytest.raises(_guard.SandboxViolation, match="outside the working directory"):
+        hook("os.remove", ("/etc/passwd",))
+    with pytest.raises(ImportError, match="not allowed"):
+        hook("import", ("x", "/somewhere/_ctypes.cpython-311-x86_64-linux-gnu.so"))

@@ -128,19 +128,22 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
     isdir = os.path.isdir
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     path_flags = getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
-    private = frozenset(_PRIVATE_MODULES)
+    # Copies held by the closure: the program can import this (already loaded) module without an audit event
+    # and empty or rebind its sets, but not reach these.
+    private, blocked = frozenset(_PRIVATE_MODULES), frozenset(_BLOCKED_EVENTS)
+    frame_attrs, path_events, basename = frozenset(_FRAME_ATTRS), frozenset(_PATH_EVENTS), os.path.basename
     native_allowed, inside = _path_checks(wd, tuple(r.rstrip("/") + "/" for r in read_roots))
 
     def hook(event: str, args) -> None:
-        if event in _BLOCKED_EVENTS or event.startswith(("ctypes.", "os.exec", "os.spawn", "os.posix_spawn")):
+        if event in blocked or event.startswith(("ctypes.", "os.exec", "os.spawn", "os.posix_spawn")):
             raise SandboxViolation(f"sandbox: {event} is not allowed")
         if event == "sys._getframe":
             raise _NoFrame("sandbox: frame access is not allowed")
-        if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS:
+        if event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs:
             raise AttributeError("sandbox: frame access is not allowed")
         if event == "import" and args:
             name = str(args[0]).rpartition(".")[2]
-            base = os.path.basename(str(args[1])).partition(".")[0] if len(args) > 1 and args[1] else ""
+            base = basename(str(args[1])).partition(".")[0] if len(args) > 1 and args[1] else ""
             if name in private or base in private:
                 raise ImportError(f"sandbox: module {args[0]} is not allowed")
             # A filename comes with the event only where a file is about to be loaded as native code
@@ -162,7 +165,7 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
         elif event in ("os.listdir", "os.scandir") and args:
             if not inside(args[0] if args[0] is not None else ".", ok_read):
                 raise SandboxViolation(f"sandbox: cannot list {args[0]!r}")
-        elif event in _PATH_EVENTS:
+        elif event in path_events:
             paths = [a for a in args[:2] if isinstance(a, str | bytes | os.PathLike)]
             if not paths or not all(inside(p, ok_write) for p in paths):
                 raise SandboxViolation(f"sandbox: {event} outside the working directory is not allowed")

@@ -86,13 +86,16 @@ def test_scale_schedule_uses_the_schedulers_state_not_its_private_fields():
     assert sched.get_last_lr() == [pytest.approx(0.05 / 3)]  # the schedule goes on at half the rate
 
 
-def test_share_is_disjoint_and_covers_the_step_in_order():
+def test_a_steps_problems_shard_disjointly_and_in_order():
+    # the step's problems are a pure function of (seed, step); distributed.shard splits them per rank
+    from marlflow.distributed import shard
+
     problems = ro.step_problems(list(range(50)), seed=0, step=3, n=7)
     assert problems == ro.step_problems(list(range(50)), seed=0, step=3, n=7)  # a pure function
-    shares = [ro.share(problems, r, 3) for r in range(3)]
-    assert sorted(x for s in shares for x in s) == sorted(problems) and ro.share(problems, 0, 1) == problems
-    with pytest.raises(ValueError, match="rank must be in"):
-        ro.share(problems, 3, 3)
+    shares = [shard(problems, r, 3) for r in range(3)]
+    assert [x for s in shares for x in s] == problems and shard(problems, 0, 1) == problems
+    with pytest.raises(ValueError, match="0 <= rank < world"):
+        shard(problems, 3, 3)
 
 
 def _step_rows(trainer, step):

@@ -270,3 +270,28 @@ def test_readme_expectations_come_from_the_committed_toy_evidence():
     assert f"math peaks from {lo['peak_heldout']:.3f}" in bullet and f"to {hi['peak_heldout']:.3f}" in bullet
     g = s["gain_heldout"]
     assert f"peak − base {g.min():.3f}–{g.max():.3f}, median {f(g.median())}" in bullet, bullet
+
+
+def test_results_three_seed_numbers_come_from_the_committed_evidence():
+    """docs/results.md's prose on toy_seeds' build-0 half (bases, flags, gains, code peaks) is recomputed from
+    results/evidence/toy_seeds_build0/summary.parquet, so it cannot drift from the data."""
+    import pandas as pd
+
+    s = pd.read_parquet(ROOT / "results/evidence/toy_seeds_build0/summary.parquet")
+    text = (ROOT / "docs/results.md").read_text()
+    para = " ".join(
+        text[
+            text.index("What it shows, descriptively") : text.index("<!-- evidence: toy_seeds_build0/claims")
+        ].split()
+    )
+    assert f"({s['base'].min():.3f}–{s['base'].max():.3f})" in para, para
+    from marlflow.analysis.definitions import TOY_BASE_BAND
+
+    lo, hi = TOY_BASE_BAND  # the prose says every base is in the band
+    assert f"[{lo:.2f}, {hi:.2f}]" in para and s["base"].between(lo, hi).all(), para
+    flagged = int((s["cliff"].astype(bool) | s["collapse"].astype(bool) | s["stagnation"].astype(bool)).sum())
+    assert f"({flagged} of {len(s)};" in para, para
+    gains = " / ".join(f"{g:.3f}" for g in s.groupby("seed")["gain_heldout"].median())
+    assert f"median gain_heldout {gains} for seeds 0 / 1 / 2" in para, para
+    code = s[s["task"] == "code"]["peak_heldout"]
+    assert f"held-out peak is {code.min():.3f}–{code.max():.3f}" in para, para

@@ -10,6 +10,7 @@ from marlflow.matrix import (
     check_config_keys,
     check_run_ids,
     jobs_use_this_python,
+    model_of,
     output_dir,
     run_sheet,
     work_estimate,
@@ -97,7 +98,7 @@ RUN_IDS = list(SHEET.index)
 # One model folder per (scale, toy build): results/models/<scale>, or results/models/toy-b<b> for a build b > 0
 # of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.matrix.model_of).
 MODEL_FOLDERS = {
-    (f"{sc}-b{b}" if b else sc): {"scale": sc, "build": int(b), "model": m}
+    model_of(sc, b): {"scale": sc, "build": int(b), "model": m}
     for sc, b, m in zip(SHEET["scale"], SHEET["build"], SHEET["model"])
 }
 
@@ -122,9 +123,7 @@ _refuse_two_toy_seeds()
 
 def model_folder(wildcards):
     row = SHEET.loc[wildcards.run_id]
-    return f"results/models/{row['scale']}" + (
-        f"-b{row['build']}" if row["build"] else ""
-    )
+    return f"results/models/{model_of(row['scale'], row['build'])}"
 
 
 def toy_build_options(folder):

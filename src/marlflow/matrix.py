@@ -710,7 +710,8 @@ def analysis_of(path_or_dict, preset: str | None = None) -> dict:
 
 
 def model_of(model: str, build: int) -> str:
-    """The model a run of toy build `build` trains from: the preset's model, or `<model>-b<build>` for b > 0."""
+    """The model a run of toy build `build` trains from: the preset's model, or `<model>-b<build>` for b > 0.
+    The Snakefile names model folders the same way (results/models/<scale>[-b<build>])."""
     return f"{model}-b{build}" if build else model
 
 

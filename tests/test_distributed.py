@@ -137,6 +137,8 @@ def _cfg(workflow="single", sharing="sp", model="results/models/toy", grpo=(), *
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
 
     g = dict(steps=2, eval_every=1, problems_per_step=4)
+    if run.get("ranks", 1) > 1:  # several ranks sample a 1-rank run's episodes only with per-call seeds
+        run.setdefault("sampling_seeds", "per_call")
     if grpo is None:
         g.update(group_size=4, learning_rate=1e-2, warmup_steps=0, lr_scheduler="constant",
                  temperature=1.0, max_completion_length=24, max_prompt_length=256, lora_r=4, lora_alpha=8)  # fmt: skip
@@ -169,7 +171,7 @@ def test_ranks_from_matrix_yaml_to_the_run_sheet():
     from marlflow.matrix import MatrixError, run_sheet
 
     doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
-    doc["presets"]["smoke"]["run"] = {"ranks": 2}
+    doc["presets"]["smoke"]["run"] = {"ranks": 2, "sampling_seeds": "per_call"}
     sheet = run_sheet(doc, "smoke")
     assert {D.run_ranks(sheet, r) for r in sheet.index} == {2}
     assert {D.run_ranks(run_sheet(yaml.safe_load((ROOT / "matrix.yaml").read_text()), "smoke"), r)

@@ -29,6 +29,7 @@ GENERATION_DTYPES = ("auto", "model", "bfloat16")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # RunConfig.report_to (marlflow.trackers)
 VLLM_SLEEP = ("auto", "on", "off")  # RunConfig.vllm_sleep
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # RunConfig.gradient_checkpointing
+SAMPLING_SEEDS = ("stream", "per_call")  # RunConfig.sampling_seeds (marlflow.sampling.call_seed)
 CHECKPOINTING_SCALES = ("0.6b", "1.7b", "4b")  # gradient_checkpointing "auto" is on at these (hub) scales
 # Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
 # `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
@@ -63,7 +64,7 @@ LR_SCHEDULERS = (
 MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
 ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES,
          "report_to": TRACKERS, "generation_dtype": GENERATION_DTYPES, "vllm_sleep": VLLM_SLEEP,
-         "gradient_checkpointing": GRADIENT_CHECKPOINTING}  # fmt: skip
+         "gradient_checkpointing": GRADIENT_CHECKPOINTING, "sampling_seeds": SAMPLING_SEEDS}  # fmt: skip
 # Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.matrix
 # puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
 # not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
@@ -357,6 +358,7 @@ OMITTED_AT_DEFAULT = (
     "val_size",
     "build",
     "ranks",
+    "sampling_seeds",
 )
 
 
@@ -383,7 +385,18 @@ class RunConfig:
         torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` tasks, and on
         device cuda for one GPU per rank). Needs problems_per_step >= ranks and an explicit device (cpu:
         gloo; cuda: NCCL, one GPU per rank). Part of the training identity: a checkpoint written under
-        another rank count is not resumed from (docs/slurm.md, "Several GPUs per run").
+        another rank count is not resumed from (docs/slurm.md, "Several GPUs per run"). ranks > 1 needs
+        sampling_seeds "per_call".
+    sampling_seeds: where a role call's sampled tokens get their randomness (SAMPLING_SEEDS; issue 27).
+        "stream" (default): the hf backend draws every batch from torch's global RNG (seeded and checkpointed
+        by the trainer) and vLLM seeds each request from (rollout seed, stage, position in the stage's
+        batch), so a call's tokens depend on which other calls share its batch and in what order. The
+        committed toy evidence was sampled this way, so it stays the default until that evidence is
+        regenerated. "per_call": each call samples from its own generator, seeded by
+        marlflow.sampling.call_seed(rollout seed, problem uid, slot, rollout index): its tokens are a pure
+        function of that key and of the logits, whatever else is in the batch, its order, or the process
+        (rank) it runs in, so an N-rank run samples a 1-rank run's episodes. Same distribution as "stream"
+        (same temperature / top-p warping; tests/test_sampling_seeds.py); greedy decoding is unaffected.
     eval_opt_rounds: generator calls at most in Eval-Opt; 0 = the paper's default for the task kind
         (marlflow.workflows.eval_opt.SPEC.default_rounds).
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
@@ -460,6 +473,7 @@ class RunConfig:
     generation_dtype: str = "auto"
     vllm_sleep: str = "auto"
     ranks: int = 1
+    sampling_seeds: str = "stream"
 
     def __post_init__(self):
         _check_fields(self, "")
@@ -492,6 +506,12 @@ class RunConfig:
             self.ranks == 1 or self.device in ("cpu", "cuda"),
             f"ranks {self.ranks} needs an explicit device: cpu (gloo) or cuda (NCCL, one GPU per rank), not "
             f"{self.device!r}",
+        )
+        _check(
+            self.ranks == 1 or self.sampling_seeds == "per_call",
+            f"ranks {self.ranks} needs sampling_seeds 'per_call', not {self.sampling_seeds!r}: with 'stream' a "
+            "call's tokens depend on the other calls in its batch, so each rank would sample other episodes "
+            "than a 1-rank run; set sampling_seeds: per_call (matrix.yaml `run: {sampling_seeds: per_call}`)",
         )
         _check(
             not (self.backend == "vllm" and self.device == "auto"),

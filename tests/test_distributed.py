@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from marlflow import distributed as D
+from marlflow import preempt
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -115,7 +116,9 @@ def test_launch_argv():
     argv = ["--config", "c.json", "--out", "r"]
     assert D.launch_argv(1, argv, {}) is None
     cmd = D.launch_argv(2, argv, {})
-    assert cmd[1:5] == ["--standalone", "--nproc-per-node=2", "-m", "marlflow.train"] and cmd[5:] == argv
+    assert cmd[1:3] == ["--standalone", "--nproc-per-node=2"]
+    assert cmd[3:7] == ["--signals-to-handle=SIGTERM,SIGINT,SIGUSR1", f"--shutdown-timeout={D.STOP_GRACE_S}",
+                        "-m", "marlflow.train"] and cmd[7:] == argv  # fmt: skip
     cmd = D.launch_argv(4, argv, {"SLURM_JOB_ID": "7"}, device="cuda", threads=8)
     assert cmd[:6] == ["srun", "--ntasks=4", "--overlap", "--kill-on-bad-exit=1", "--cpus-per-task=8",
                        "--gpus-per-task=1"]  # fmt: skip
@@ -261,6 +264,20 @@ def worker(mode: str, out: Path) -> int:
             return 3
     elif mode == "update":
         rec["runs"] = [_update_run(cfg, env, out) for cfg in json.loads(os.environ["TEST_CFGS"])]
+    elif mode == "preempt":  # wait for the test's signal to the launcher, then stop as the trainer does
+        signals = []
+        for s in preempt.SIGNALS:
+            signal.signal(s, lambda signum, frame: signals.append(signal.Signals(signum).name))
+        D.barrier()
+        (out / f"ready-{env.rank}").write_text("")
+        t0 = time.monotonic()
+        while not signals and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(0.5 + env.rank)  # rank 1 reaches the report last: rank 0 must wait for it at the barrier
+        rec["signals"] = signals
+        (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
+        D.report_preempted()
+        return preempt.EXIT_PREEMPTED
     (out / f"rank-{env.rank}.json").write_text(json.dumps(rec))
     D.close()
     return 0
@@ -422,5 +439,77 @@ def test_two_ranks_update_like_one_process_sp_and_ip(tmp_path):
                         assert sb[role][m] == pytest.approx(v, rel=1e-4, abs=1e-5), (rid, k, role, m)
 
 
+# ------------------------------------------------------------------------------------------ the launcher's exit code
+
+
+def test_launch_exit_code():
+    """75 when rank 0 reported a stop after its checkpoint, whatever torchrun (1) or srun (75, 137: the highest
+    task code) made of the ranks' 75s; otherwise the launcher's own code, 128 + N for a signal N; 0 stays 0."""
+    assert D.launch_exit_code(0, False) == 0 and D.launch_exit_code(0, True) == 0
+    for code in (1, 75, 137, 143, -9):
+        assert D.launch_exit_code(code, True) == preempt.EXIT_PREEMPTED
+    assert [D.launch_exit_code(c, False) for c in (1, 2, 75, 137, -9, -15)] == [1, 2, 75, 137, 137, 143]
+
+
+def test_the_same_signal_twice_at_once_is_one_request():
+    """Under SLURM each rank gets the job's SIGUSR1 from slurmd and again from srun (measured 1 ms apart on the
+    CI cluster): one request. The same signal later, or another signal, is a second one and exits at once."""
+    saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    try:
+        preempt.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert preempt.requested()
+        preempt._requested = (signal.SIGUSR1, time.time() - preempt.REPEAT_S - 1)
+        with pytest.raises(SystemExit) as exit_:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(1)  # the handler runs at the next bytecode; never reached
+        assert exit_.value.code == 128 + signal.SIGUSR1
+    finally:
+        preempt.reset()
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _launch(mode: str, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE), "launch", mode, str(out)], env=_clean_env(), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_a_signal_to_the_launcher_stops_the_ranks_and_the_run_exits_75(tmp_path):
+    """SIGUSR1 to the launcher (marlflow.train's process for a ranks-2 run) reaches each torchrun rank once;
+    the ranks stop, rank 0 reports, and the run exits 75 although torchrun itself exits 1."""
+    p = _launch("preempt", tmp_path)
+    t0 = time.monotonic()
+    while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+        assert p.poll() is None and time.monotonic() - t0 < 90, p.stderr.read()[-3000:]
+        time.sleep(0.1)
+    p.send_signal(signal.SIGUSR1)
+    code = p.wait(timeout=60)
+    err = p.stderr.read()
+    assert code == preempt.EXIT_PREEMPTED, err[-3000:]
+    assert "launcher got SIGUSR1, passed to torchrun" in err
+    assert [_read(tmp_path, r)["signals"] for r in (0, 1)] == [["SIGUSR1"], ["SIGUSR1"]]
+    assert not (tmp_path / ".preempted").exists()  # read and removed by the launcher
+
+
+def test_a_killed_rank_ends_the_launch_with_a_failure_not_75(tmp_path):
+    """One of 2 torchrun ranks is SIGKILLed: the run ends within seconds with a non-zero code that is not 75
+    (nothing was checkpointed, so it is not a preemption)."""
+    t0 = time.monotonic()
+    p = _launch("kill", tmp_path)
+    code = p.wait(timeout=90)
+    assert code not in (0, preempt.EXIT_PREEMPTED), p.stderr.read()[-3000:]
+    assert time.monotonic() - t0 < 90
+
+
+def launcher(mode: str, out: Path) -> int:
+    """marlflow.train's launcher branch around 2 torchrun ranks of `worker(mode)`: the run's exit code."""
+    cmd = D.launch_argv(2, [], os.environ)
+    cmd = [*cmd[: cmd.index("-m")], str(HERE), mode, str(out)]
+    return D.launch(cmd, os.environ, out / ".preempted")
+
+
 if __name__ == "__main__":
-    sys.exit(worker(sys.argv[1], Path(sys.argv[2])))
+    sys.exit((launcher if sys.argv[1] == "launch" else worker)(sys.argv[2 if sys.argv[1] == "launch" else 1],
+                                                               Path(sys.argv[-1])))  # fmt: skip

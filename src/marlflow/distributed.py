@@ -29,12 +29,17 @@ import datetime
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from marlflow import preempt
 
 # A collective waits this long for the slowest rank before it raises. It must outlast the longest time one rank
 # may legitimately spend alone between two collectives: rank 0 writing a checkpoint of a 4B model's adapters
@@ -250,6 +255,23 @@ def gather_shards(local: Sequence) -> list:
     return [x for part in gather(list(local)) for x in part]
 
 
+def from_main(fn):
+    """fn() run on rank 0 alone, its result (picklable) returned on every rank: a decision that reads or
+    changes the run's files (which checkpoint to resume from, a shared cache entry) made once for all ranks.
+    A single process returns fn() itself."""
+    return gather(fn() if is_main() else None)[0]
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any rank (one all-reduce; the flag itself for a single process): ranks that
+    each saw a signal or not agree on one answer at the same point of the step."""
+    if not _grouped():
+        return bool(flag)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
+    (total,) = all_reduce_sum([torch.tensor([float(bool(flag))], device=device)])
+    return bool(total.item() > 0)
+
+
 def barrier() -> None:
     if _grouped():
         dist.barrier()
@@ -286,7 +308,10 @@ def launch_argv(ranks: int, argv: Sequence[str], environ: Mapping[str, str], dev
             srun.append("--gpus-per-task=1")
         return [*srun, *cmd]
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    return [torchrun, "--standalone", f"--nproc-per-node={ranks}", "-m", "marlflow.train", *argv]
+    # torchrun passes SIGTERM, SIGINT and SIGUSR1 (not among its defaults) on to the ranks, and gives them
+    # STOP_GRACE_S to checkpoint before it SIGKILLs them (its own default is 30 s).
+    return [torchrun, "--standalone", f"--nproc-per-node={ranks}", f"--signals-to-handle={TORCHRUN_SIGNALS}",
+            f"--shutdown-timeout={STOP_GRACE_S}", "-m", "marlflow.train", *argv]  # fmt: skip
 
 
 # What the ranks' srun may inherit from the launching step: the job's identity. The step's own settings
@@ -310,6 +335,94 @@ def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
     )
     return {k: v for k, v in environ.items()
             if k in SLURM_KEEP or not (k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in drop)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- the launcher
+
+# How long torchrun lets the ranks of a stopped run finish their step and checkpoint before it SIGKILLs them: the
+# budget profiles/slurm gives one rank before the time limit (--signal=USR1@900). A rank that dies also gets the
+# others this SIGTERM first; under gloo they fail at once anyway (a peer's closed connection).
+STOP_GRACE_S = 900
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGUSR1"
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# The file rank 0 writes when the run stopped on a signal after checkpointing (set by `launch` for its ranks).
+PREEMPTED_FILE_ENV = "MARLFLOW_PREEMPTED_FILE"
+
+
+def launch_exit_code(returncode: int, preempted: bool) -> int:
+    """The exit code of an N-rank run from its launcher's (torchrun's or srun's) and whether rank 0 reported a
+    stop on a signal with its last completed step checkpointed (`report_preempted`). Pure.
+
+    returncode: the launcher's exit status, negative -N when a signal N killed it (subprocess's convention).
+    0 stays 0. Otherwise 75 (preempt.EXIT_PREEMPTED: rerun to resume, nothing lost) when rank 0 reported, since
+    neither launcher keeps a rank's 75: torchrun exits 1 when any rank fails, srun with the highest code of its
+    tasks, 137 once --kill-on-bad-exit has killed the rest. Else the launcher's own code, 128 + N for a signal."""
+    if returncode == 0:
+        return 0
+    if preempted:
+        return preempt.EXIT_PREEMPTED
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def report_preempted(environ: Mapping[str, str] | None = None) -> None:
+    """Called by every rank that stopped on a signal (marlflow.train, on preempt.Preempted): rank 0 writes the
+    launcher's file ($MARLFLOW_PREEMPTED_FILE, JSON), then all ranks meet at a barrier, so none exits before the
+    file exists (torchrun and srun end the others as soon as one rank exits non-zero). Nothing to do without a
+    launcher (a 1-rank run exits 75 itself); a barrier that fails (a dead peer) is not waited for."""
+    path = (os.environ if environ is None else environ).get(PREEMPTED_FILE_ENV)
+    if not path:
+        return
+    if is_main():
+        from marlflow.metrics import atomic_write_json
+
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        atomic_write_json(path, {"rank": rank(), "world": world(), "signal": preempt.describe()})
+    try:
+        barrier()
+    except Exception as err:  # any collective failure: the peer is gone, nothing to wait for
+        print(
+            f"marlflow train: rank {rank()}: barrier after the stop failed ({err}); exiting", file=sys.stderr
+        )
+
+
+def launch(cmd: Sequence[str], environ: Mapping[str, str], preempted_file: str | os.PathLike) -> int:
+    """Run `cmd` (launch_argv's torchrun or srun command) and return the run's exit code (launch_exit_code).
+
+    Signals: under torchrun, SIGTERM, SIGUSR1 and SIGINT sent to this process are passed to torchrun (started
+    in its own session, so a signal to this process group reaches it once), which passes them to the ranks.
+    Under srun nothing is passed on: SLURM signals every process of the job's steps itself (srun and each rank
+    get scancel's and --signal's signal directly; srun also forwards a SIGUSR1 to its tasks, which
+    marlflow.preempt takes as the same request), and a SIGTERM to srun makes it SIGKILL its tasks at once.
+    The launcher itself only waits. preempted_file: where rank 0 reports a stop (removed before and after)."""
+    target = Path(preempted_file)
+    target.unlink(missing_ok=True)
+    slurm = os.path.basename(cmd[0]) == "srun"
+    child: list[subprocess.Popen] = []
+    pending: list[int] = []
+
+    def forward(signum, frame):
+        print(f"marlflow train: launcher got {signal.Signals(signum).name}"
+              + ("" if slurm else ", passed to torchrun"), file=sys.stderr, flush=True)  # fmt: skip
+        if slurm:
+            return
+        if child:
+            child[0].send_signal(signum)
+        else:
+            pending.append(signum)
+
+    before = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        env = {**launch_env(environ), PREEMPTED_FILE_ENV: str(target)}
+        child.append(subprocess.Popen(list(cmd), env=env, start_new_session=not slurm))
+        for s in pending:
+            child[0].send_signal(s)
+        code = child[0].wait()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    preempted = target.exists()
+    target.unlink(missing_ok=True)
+    return launch_exit_code(code, preempted)
 
 
 # ------------------------------------------------------------------------------------------ the train rule's side

@@ -21,9 +21,13 @@ from the cell's shared cache (marlflow.base_eval). A signal during the last step
 
 A second SIGTERM or SIGUSR1 exits at once with 128 + the signal's number (143 / 138), as every SIGTERM did
 before: SLURM's SIGTERM at the time limit follows its SIGUSR1 (and SIGKILL follows KillWait seconds later),
-and a user who signals twice wants the process gone. Stopping anywhere leaves the newest complete checkpoint
-loadable (marlflow.checkpoint writes each whole or not at all). SIGINT (Ctrl-C) is left to Python: an immediate
+and a user who signals twice wants the process gone (the same signal again within REPEAT_S = 5 s is taken as
+one delivered twice, as SLURM does to the ranks of an N-rank run, and ignored). Stopping anywhere leaves the
+newest complete checkpoint loadable (marlflow.checkpoint writes each whole or not at all). SIGINT (Ctrl-C) is left to Python: an immediate
 KeyboardInterrupt.
+
+Data-parallel runs (marlflow.distributed): the ranks decide together (`agreed`), so a signal to any one rank
+stops every rank after the same step; rank 0 alone writes the checkpoint, and every rank exits with 75.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import time
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped on a signal, checkpointed; rerun it to resume
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# The same signal again within this many seconds is the first one delivered twice, not a second request: SLURM
+# sends a job's signal to every process of its steps, so each rank of an N-rank run gets it from slurmd and once
+# more from the srun that started it, which forwards SIGUSR1 to its tasks (1 ms apart on the CI cluster).
+REPEAT_S = 5.0
 
 _requested: tuple[int, float] | None = None  # (signal number, time.time() it arrived)
 
@@ -56,6 +64,8 @@ def _handler(signum, frame) -> None:
     # handler runs between two bytecodes of whatever the main thread was doing.
     global _requested
     if _requested is not None:
+        if signum == _requested[0] and time.time() - _requested[1] < REPEAT_S:
+            return  # the same request delivered twice (SLURM's --signal reaches a rank directly and through srun)
         sys.exit(128 + signum)
     _requested = (signum, time.time())
 
@@ -63,6 +73,15 @@ def _handler(signum, frame) -> None:
 def requested() -> bool:
     """Whether a stop was requested (a SIGTERM or SIGUSR1 arrived since `install` or `reset`)."""
     return _requested is not None
+
+
+def agreed() -> bool:
+    """Whether a stop was requested on any rank of the run (`requested()` for a single process). A signal may
+    reach one rank only, or each at another time; every rank calls this at the same points (marlflow.trainer:
+    before a step's update and at each step boundary), so all stop after the same step (one all-reduce)."""
+    from marlflow import distributed
+
+    return distributed.any_rank(requested())
 
 
 def describe() -> str:

@@ -43,6 +43,9 @@ from marlflow.metrics import atomic_write_json, atomic_write_parquet, write_metr
 from marlflow.tasks import get_task
 from marlflow.tasks.splits import run_splits
 
+# Rank 0's report to the launcher that an N-rank run stopped on a signal, checkpointed (distributed.launch).
+PREEMPTED_FILE = ".preempted"
+
 
 def preflight(cfg: RunConfig) -> None:
     """Fail before any work when the run cannot work here: no GPU for a GPU run, a missing extra."""
@@ -97,22 +100,30 @@ def _remove_empty_dirs(top: Path) -> None:
 
 
 def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
+    """Train `cfg` into `out_dir` and write its outputs (the module docstring); returns the metrics table. Data
+    parallel: every rank trains, rank 0 alone writes (every rank holds the same rows)."""
+    main = distributed.is_main()
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "DONE").unlink(missing_ok=True)
+    if main:
+        (out_dir / "DONE").unlink(missing_ok=True)
     try:
         trainer = build_trainer(cfg, out_dir, task)
         metrics = trainer.fit()
     except BaseException:
-        if created:  # a run that failed before writing anything leaves no empty folder behind
+        if created and main:  # a run that failed before writing anything leaves no empty folder behind
             _remove_empty_dirs(out_dir)
         raise
+    if not main:
+        distributed.barrier()  # the ranks end together: a launcher stops the others when one exits first
+        return metrics
     write_metrics(metrics, out_dir / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")
     write_final(out_dir, cfg, metrics)
     acc = metrics[(metrics.split == "eval") & (metrics.role == "all") & (metrics.metric == "accuracy")]
     atomic_write_json(out_dir / "DONE", {"run_id": cfg.run_id, "steps": trainer.step,
                                          "final_accuracy": float(acc.value.iloc[-1])})  # fmt: skip
+    distributed.barrier()
     return metrics
 
 
@@ -163,24 +174,40 @@ def main(argv=None) -> int:
     except ConfigError as err:  # every problem with the file, its JSON, a key or a value
         print(f"marlflow train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
-    # ranks > 1: this process starts the ranks (torchrun here, srun inside a SLURM job) and becomes that
-    # launcher (exec: a SIGTERM reaches it, and it stops the ranks); they inherit the --log redirection above.
+    # ranks > 1: this process starts the ranks (torchrun here, srun inside a SLURM job) and waits for them; they
+    # inherit the --log redirection above. Its exit code is the run's: 75 when rank 0 reported a stop after its
+    # checkpoint, which neither torchrun nor srun passes on (distributed.launch: signals, codes).
     launch = distributed.launch_argv(cfg.ranks, ["--config", args.config, "--out", args.out], os.environ,
                                      cfg.device, cfg.threads)  # fmt: skip
     if launch is not None:
         print(f"marlflow train: run {cfg.run_id}: starting {cfg.ranks} ranks: {' '.join(launch)}", flush=True)
-        os.execvpe(launch[0], launch, distributed.launch_env(os.environ))
+        code = distributed.launch(launch, os.environ, Path(args.out) / PREEMPTED_FILE)
+        print(f"marlflow train: run {cfg.run_id}: {cfg.ranks} ranks ended, exit code {code}", flush=True)
+        return code
     env = distributed.init(cfg.device)
-    if env.world > 1:
-        # The trainer sums its update over ranks (update.reduce_policy_grad) but does not yet split the rest of
-        # its step (issue 27, docs/slurm.md "Several GPUs per run": the rollout shard, gathered train metrics,
-        # the split evaluation, rank-0-only writes); N ranks would each write the run's files. Refuse after the
-        # rendezvous, so a launch is checked end to end.
-        print(f"marlflow train: run {cfg.run_id}: rank {env.rank} of {env.world} ({env.source}) joined; ranks "
-              f"{cfg.ranks} is not supported by the trainer yet (issue 27): set ranks: 1 in matrix.yaml "
-              f"(presets.{cfg.preset}.run)", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        return _train(cfg, args, env)
+    finally:
         distributed.close()
-        return 2
+
+
+def _rank_logging(env: distributed.Env) -> None:
+    """Data parallel: rank 0 logs as a single process does; the others log warnings and errors only, each line
+    naming its rank (they share the run's log)."""
+    if env.world > 1:
+        print(
+            f"marlflow train: rank {env.rank} of {env.world} ({env.source}) joined",
+            file=sys.stderr,
+            flush=True,
+        )
+    if env.rank > 0:
+        logging.basicConfig(level=logging.WARNING, force=True,
+                            format=f"%(asctime)s %(levelname)s rank {env.rank} %(name)s: %(message)s")  # fmt: skip
+
+
+def _train(cfg: RunConfig, args, env: distributed.Env) -> int:
+    """The run of one process (one rank of a data-parallel run): exit code as `main`'s."""
+    _rank_logging(env)
     trackers.prepare(cfg, Path(args.out))  # before TRL is imported: it imports trackio
     try:
         task = get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
@@ -197,6 +224,7 @@ def main(argv=None) -> int:
     try:
         run(cfg, Path(args.out), task)
     except preempt.Preempted:  # checkpointed and logged by the trainer
+        distributed.report_preempted()  # N ranks: rank 0 tells the launcher, so that the run exits 75 too
         return preempt.EXIT_PREEMPTED
     except (OSError, ValueError, RuntimeError) as err:
         hint = ""

@@ -156,7 +156,8 @@ def test_config_ranks():
     assert _cfg().ranks == 1 and "ranks" not in _cfg().to_dict()  # config.json of 1-rank runs is unchanged
     two = _cfg(ranks=2)
     assert two.to_dict()["ranks"] == 2 and RunConfig.from_dict(two.to_dict()) == two
-    # Part of the training identity: a checkpoint of another rank count is not resumed from (docs/slurm.md).
+    # Part of the training identity; a checkpoint that differs in ranks alone is resumed from all the same with
+    # per-call seeds (marlflow.checkpoint.rank_change_refusal; tests/test_dp_train.py).
     assert config_fingerprint(two.to_dict()) != config_fingerprint(_cfg().to_dict())
     with pytest.raises(ConfigError, match="ranks is 5 but grpo.problems_per_step is 4"):
         _cfg(ranks=5)
@@ -197,24 +198,6 @@ def test_ranks_gpu_refusal_and_run_ranks():
     assert D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 2}}) is None  # CPU runs need no GPU each
     msg = D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 1}})
     assert msg.startswith("run c has ranks 2") and "scale_resources.toy.gpu" in msg
-
-
-def test_train_cli_starts_its_ranks_under_torchrun(tmp_path):
-    """`python -m marlflow.train` of a ranks-2 config starts 2 torchrun ranks that rendezvous (both log their
-    place in the log given with --log); the trainer's refusal of ranks > 1 ends the job with nothing written."""
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(_cfg(ranks=2).to_dict()))
-    log, out = tmp_path / "train.log", tmp_path / "run"
-    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(cfg), "--out", str(out), "--log", str(log)]
-    r = subprocess.run(cmd, env=_clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    text = log.read_text()
-    assert r.returncode != 0, text
-    assert "starting 2 ranks: " in text and "--standalone --nproc-per-node=2 -m marlflow.train" in text
-    for rank in (0, 1):
-        assert f"rank {rank} of 2 (torchrun) joined; ranks 2 is not supported by the trainer yet" in text, (
-            text
-        )
-    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------------------ 2 real ranks

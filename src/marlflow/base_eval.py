@@ -21,6 +21,10 @@ its initial adapters back for a moment and computes it itself. The trainer inser
 evaluation of its own would have put them, so metrics.parquet is the same whichever run computed them, apart
 from `time_eval` (this run's seconds) and `eval_reused` (1 when read). Writes are atomic; two runs that write
 one key write the same rows.
+
+A data-parallel run (marlflow.distributed) evaluates its share of the problems on each rank and gathers them
+(marlflow.evaluation), so its rows are the 1-rank rows: `ranks` is not part of the key. Rank 0 alone reads,
+claims and writes the cache and hands what it found to the other ranks (marlflow.trainer).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from marlflow.metrics import FACTOR_COLUMNS, atomic_write_parquet
 # makes them the identity at step 0, interventions on the loss and gradients, checkpoints, trackers).
 TRAINING_ONLY = {
     "": {"run_id", "sharing", "intervention", "intervention_spec", "micro_batch_size", "keep_checkpoints",
-         "report_to", "max_chunk_tokens", "gradient_checkpointing"},
+         "report_to", "max_chunk_tokens", "gradient_checkpointing", "ranks"},
     "grpo": {"steps", "problems_per_step", "group_size", "learning_rate", "warmup_steps", "lr_scheduler",
              "weight_decay", "epsilon", "epsilon_high", "beta", "loss_type", "temperature", "max_grad_norm",
              "eval_every", "save_every", "lora_r", "lora_alpha", "lora_targets", "max_nan_steps",

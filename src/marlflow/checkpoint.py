@@ -6,8 +6,8 @@
                        (marlflow.interventions.State), the Python / NumPy / torch / CUDA RNG states, step
                        and NaN streak
     metrics.parquet    the metric rows so far; samples.parquet: the sample rows so far
-    COMPLETE           written last; a folder without it is never resumed from. JSON: the step, and the
-                       run config's training identity and its fingerprint (marlflow.config)
+    COMPLETE           written last; a folder without it is never resumed from. JSON: the step, the run
+                       config's training identity and its fingerprint (marlflow.config), the rank count
 It is written to `.step-N.tmp` and renamed into place, so a kill at any moment leaves the newest complete
 checkpoint loadable; `keep_checkpoints` prunes older ones after the rename. Resume equivalence (a run killed
 and resumed writes the same metrics and adapters as one that was not) rests on this module restoring every
@@ -24,6 +24,12 @@ run under the new config, and resuming it from the old config's step 30 would mi
 `restore` then moves `checkpoints/` aside to `checkpoints-superseded-<fingerprint>/` (kept, not deleted; remove
 it to free the space), logs what differs, and training starts at step 0. Checkpoints written before the
 fingerprint existed carry none and are resumed from as before.
+
+Data-parallel runs (marlflow.distributed): every rank holds the same adapters and optimizer states (the same
+all-reduced gradients), so rank 0 alone writes, and a checkpoint restores under any rank count: a config that
+differs only in `ranks` is resumed from, not superseded. Only its sampling may tie it to the rank count: with
+sampling_seeds "stream" `restore` refuses (RankCountError, `rank_change_refusal` says what to do); with "per_call"
+the episodes do not depend on the rank count and the run resumes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from marlflow import distributed
 from marlflow.config import config_differences, config_fingerprint, training_identity
 from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_json, atomic_write_parquet, write_metrics
 from marlflow.runs import adapter_dir, base_model_id, checkpoints, set_base_model
@@ -124,18 +131,24 @@ def _write(trainer, tmp: Path) -> None:
             "step": state["step"],
             "config_fingerprint": config_fingerprint(cfg),
             "config": training_identity(cfg),
+            "ranks": trainer.cfg.ranks,
         },
     )
 
 
+class RankCountError(RuntimeError):
+    """A checkpoint written under another rank count, which this run's sampling cannot resume from."""
+
+
 def restore(trainer) -> bool:
     """Load the newest complete checkpoint into `trainer` (`trainer.load_state_dict`: each adapter goes back to
-    its own policy, and the rollout backend is given the restored adapters), if any; False when there is none."""
-    ckpts = complete(trainer.out_dir)
-    if not ckpts:
-        return False
-    ckpt = ckpts[-1]
-    if _supersede_if_other_config(trainer, ckpt):
+    its own policy, and the rollout backend is given the restored adapters), if any; False when there is none.
+    Data parallel: rank 0 picks the checkpoint (and moves another config's aside), every rank loads it. Raises
+    RankCountError when it was written under another rank count and the run samples with stream seeds."""
+    ckpt, refusal = distributed.from_main(lambda: _choose(trainer))
+    if refusal:
+        raise RankCountError(refusal)
+    if ckpt is None:
         return False
     state = torch.load(ckpt / "state.pt", weights_only=False)
     state["metric_rows"] = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
@@ -145,13 +158,52 @@ def restore(trainer) -> bool:
     return True
 
 
+def _choose(trainer) -> tuple[Path | None, str | None]:
+    """(the checkpoint to resume from or None, None) or (None, why it cannot be resumed from)."""
+    ckpts = complete(trainer.out_dir)
+    if not ckpts:
+        return None, None
+    refusal = rank_change_refusal(trainer.cfg, ckpts[-1])
+    if refusal:
+        return None, refusal
+    if _supersede_if_other_config(trainer, ckpts[-1]):
+        return None, None
+    return ckpts[-1], None
+
+
+def _without_ranks(d: dict) -> str:
+    return config_fingerprint({k: v for k, v in d.items() if k != "ranks"})
+
+
+def rank_change_refusal(cfg, ckpt: Path) -> str | None:
+    """None, or why `cfg` cannot resume from `ckpt`: it was written under another rank count (COMPLETE's
+    "ranks", 1 when absent) by an otherwise identical config, and the run samples with "stream" seeds (one RNG
+    stream per rank: the episodes depend on the rank count). With "per_call" seeds a call's tokens do not depend
+    on which rank samples it, so the run resumes under any rank count (docs/slurm.md, "Several GPUs per run")."""
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    theirs = marker.get("config") if isinstance(marker, dict) else None
+    ranks = int(marker.get("ranks", 1)) if isinstance(marker, dict) else 1
+    if theirs is None or ranks == cfg.ranks or _without_ranks(theirs) != _without_ranks(cfg.to_dict()):
+        return None  # the same rank count, or another config (superseded, not refused)
+    if getattr(cfg, "sampling_seeds", "stream") != "stream":
+        return None
+    return (f"checkpoint {ckpt} was written by {ranks} rank(s) and run {cfg.run_id} now has ranks {cfg.ranks}; "
+            "with sampling_seeds 'stream' the episodes depend on the rank count, so it cannot be resumed from. "
+            f"Set ranks back to {ranks} (matrix.yaml presets.{cfg.preset}.run.ranks), or move "
+            f"{ckpt.parent} aside to train from step 0 (runs with sampling_seeds 'per_call' resume under any "
+            "rank count)")  # fmt: skip
+
+
 def _supersede_if_other_config(trainer, ckpt: Path) -> bool:
-    """Move the run's checkpoints aside if `ckpt` was written under another training config; True if moved."""
+    """Move the run's checkpoints aside if `ckpt` was written under another training config (apart from the rank
+    count: `rank_change_refusal`); True if moved."""
     marker = json.loads((ckpt / "COMPLETE").read_text())
     theirs = marker.get("config_fingerprint") if isinstance(marker, dict) else None
     mine = trainer.cfg.to_dict()
     if theirs is None or theirs == config_fingerprint(mine):
         return False
+    if "config" in marker and _without_ranks(marker["config"]) == _without_ranks(mine):
+        return False  # only the rank count differs: resumed from (per_call seeds; rank_change_refusal)
     root = trainer.out_dir / "checkpoints"
     dest = trainer.out_dir / f"checkpoints-superseded-{theirs[:12]}"
     n = 1

@@ -26,8 +26,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from marlflow import distributed, workflows
 from marlflow import rollout as ro
-from marlflow import workflows
 from marlflow.analysis.definitions import solution_marker
 from marlflow.metrics import rows
 from marlflow.tasks.solution_metrics import solution_metrics
@@ -54,17 +54,29 @@ def accuracy(episodes: list) -> dict:
     return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
 
 
-def episodes(cfg, task, backend, encoder, problems: list, seed: int, base: bool) -> list:
+def episodes(
+    cfg, task, backend, encoder, problems: list, seed: int, base: bool, purpose: str = "eval"
+) -> list:
     """One episode per problem at eval_temperature from a forked RNG stream seeded with `seed` (the caller's
-    RNG untouched); the backend's stored K/V dropped afterwards. base: see the module docstring."""
+    RNG untouched); the backend's stored K/V dropped afterwards. base: see the module docstring. purpose:
+    "eval" (test) or "val", part of each call's key under sampling_seeds "per_call" (marlflow.sampling.call_seed;
+    like the seeded stream, the same keys at every evaluation, so evaluations differ by their weights alone).
+
+    Data parallel (marlflow.distributed): each rank rolls out its shard of `problems` and every rank gets all
+    the episodes back in the problems' order, so the rows computed from them are the 1-rank rows (a single
+    process: its own rollout of every problem)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     route = (lambda role, first=cfg.policies[0]: first) if base else None
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)  # also seeds every CUDA device
-        ctx = ro.context(cfg, task, backend, encoder, cfg.grpo.eval_temperature, seed=seed, policy_of=route)
-        out = workflows.rollout(cfg, task, problems, ctx, 1)
-    backend.forget_states()
-    return out
+    mine = distributed.shard(problems, distributed.rank(), distributed.world())
+    out = []
+    if mine:  # fewer problems than ranks leaves a rank none: it only takes part in the gather
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)  # also seeds every CUDA device
+            ctx = ro.context(cfg, task, backend, encoder, cfg.grpo.eval_temperature, seed=seed, policy_of=route,
+                             purpose=purpose)  # fmt: skip
+            out = workflows.rollout(cfg, task, mine, ctx, 1)
+        backend.forget_states()
+    return distributed.gather_shards(out)
 
 
 @torch.no_grad()
@@ -105,7 +117,7 @@ def validate(cfg, task, backend, encoder, problems: list, step: int, base: bool 
     """Workflow accuracy on the validation problems (split "val", role "all": accuracy, accuracy_se, n_eval,
     time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
     t0 = time.perf_counter()
-    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base)
+    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base, "val")
     values = {**accuracy(eps), "time_eval": time.perf_counter() - t0}
     return Evaluation(rows(cfg.factors, step, "val", "all", values), [], values["accuracy"])
 

@@ -31,6 +31,7 @@ and ema_cos against a per-role gradient EMA that is checkpointed with the optimi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -403,8 +404,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         rng = checkpoint.rng_state()  # the step's start, for an abandoned rollout to go back to
         ctx = self._ctx(self.cfg.grpo.temperature, timer, seed=ro.rollout_seed(self.cfg.seed, step))
         ctx.should_stop = preempt.requested  # checked before each stage of the rollout
-        episodes = ro.train_episodes(self.cfg, self.task, self.problems_for(step), ctx)
-        if episodes is None or preempt.requested():  # the update has not started: undo the rollout
+        # Data parallel: this rank's whole problems (a GRPO group stays on one rank); all of them for one process.
+        mine = distributed.shard(self.problems_for(step), distributed.rank(), distributed.world())
+        episodes = ro.train_episodes(self.cfg, self.task, mine, ctx)
+        # The ranks agree (preempt.agreed): a signal to any rank abandons the step on all of them.
+        if preempt.agreed() or episodes is None:  # the update has not started: undo the rollout
             self._undo_rollout(rng, calls_before)
             return False
         batch = ro.flatten(self.cfg, episodes)
@@ -414,16 +418,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         )
         t_backward = time.perf_counter() - t1
         self._count_nan(step, stats["all"]["nan_skipped"])
-        self.metric_rows += ro.train_rows(self.cfg, step, batch, stats)
+        calls, rewards = ro.gather_stats(batch)  # every rank's calls and episodes: the rows of one process
+        self.metric_rows += ro.train_rows(self.cfg, step, calls, stats)
         step_time = time.perf_counter() - t0
-        reward = sum(e.reward for e in episodes) / len(episodes)
+        reward = sum(rewards) / len(rewards)
         self.metric_rows += rows(self.cfg.factors, step, "train", "all", {
             "reward_mean": reward, **stats["all"], "step_time": step_time, "time_generate": timer["generate"],
             "time_score": timer["score"], "time_backward": t_backward,
             "time_other": step_time - timer["generate"] - timer["score"] - t_backward,
             "generate_calls": self.backend.calls - calls_before,
         })  # fmt: skip
-        adv = batch.advantages
+        adv = torch.tensor([c.advantage for c in calls], dtype=torch.float32)
         self.last_step = {"reward": reward, "live": float((adv != 0).float().mean()) if len(adv) else 0.0,
                           "seconds": step_time}  # fmt: skip
         return True
@@ -534,11 +539,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         run computes it, deferred (None; `_resolve_base_eval` fills it in)."""
         t0 = time.perf_counter()
         shared = SharedBaseEval(self.cfg, self.out_dir.parent)
-        got = shared.read()
+        got = distributed.from_main(shared.read)  # rank 0 reads and claims the cache for every rank
         if got is not None:
             return self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
         can_wait = self.cfg.intervention_spec["kind"] != "cliff_guard" and not self.cfg.report_to
-        if shared.claim() or not can_wait:
+        if distributed.from_main(shared.claim) or not can_wait:
             return self._put_base_eval(*self._compute_base_eval(shared), reused=False)
         log.info("step 0 eval: another run of this cell is computing it; reading it at the first evaluation")
         self._pending_base = (shared, self._adapter_copies())
@@ -548,7 +553,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """Fill in a deferred step-0 evaluation: read it, or compute it with the initial adapters put back."""
         (shared, initial), self._pending_base = self._pending_base, None
         t0 = time.perf_counter()
-        got = shared.read()
+        got = distributed.from_main(shared.read)
         if got is not None:
             self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
             return
@@ -566,13 +571,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._put_base_eval(*got, reused=False)
 
     def _compute_base_eval(self, shared: SharedBaseEval) -> tuple[list[dict], list[dict]]:
-        """Evaluate step 0 and write it for the cell; returns its (metric rows, sample rows), which are kept out
-        of this run's tables (`_put_base_eval` places them)."""
+        """Evaluate step 0 and write it for the cell (rank 0: the others evaluate their share of the problems);
+        returns its (metric rows, sample rows), which are kept out of this run's tables (`_put_base_eval`
+        places them)."""
         kept = self.metric_rows, self.sample_rows
         self.metric_rows, self.sample_rows = [], []
         try:
             self.evaluate_workflow(0, base=True)
-            shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
+            if distributed.is_main():
+                shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
             return self.metric_rows, self.sample_rows
         finally:
             shared.release()
@@ -627,9 +634,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.metric_rows, self.sample_rows = list(state["metric_rows"]), list(state["sample_rows"])
         self.backend.on_update()
 
-    def save_checkpoint(self) -> Path:
-        """Write the step's checkpoint (marlflow.checkpoint: whole or not at all, older ones pruned)."""
-        return checkpoint.save(self)
+    def save_checkpoint(self) -> Path | None:
+        """Write the step's checkpoint (marlflow.checkpoint: whole or not at all, older ones pruned); rank 0 alone
+        writes (every rank holds the same state), the others return None at once."""
+        return checkpoint.save(self) if distributed.is_main() else None
 
     def restore(self) -> bool:
         """Load the newest complete checkpoint, if any (marlflow.checkpoint); False when there is none."""
@@ -644,8 +652,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """Train to `grpo.steps`, resuming from the newest checkpoint; returns the metrics table. The trackers
         of cfg.report_to (marlflow.trackers) get each step's new metric rows and are finished on any exit.
         Raises preempt.Preempted after a SIGTERM / SIGUSR1, once the last completed step is checkpointed."""
+        # Rank 0 alone feeds the trackers (the others hold the same rows).
+        cfg = self.cfg if distributed.is_main() else dataclasses.replace(self.cfg, report_to=[])
         try:
-            with Trackers(self.cfg, self.out_dir) as self.trackers:
+            with Trackers(cfg, self.out_dir) as self.trackers:
                 return self._fit()
         finally:
             self.backend.close()  # vLLM's published adapters are scratch files (hundreds of MB per run)
@@ -662,7 +672,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self._cliff_guard()
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
-        while self.step < g.steps and not preempt.requested():
+        while self.step < g.steps and not preempt.agreed():  # every rank asks at each step boundary
             self.step += 1
             if not self.train_step(self.step):  # stopped during its rollout: the step is undone
                 self.step -= 1
@@ -686,8 +696,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _stop_for_rerun(self) -> None:
         """Checkpoint the last completed step unless its checkpoint exists, log what happened, and raise
-        preempt.Preempted (marlflow.train exits with preempt.EXIT_PREEMPTED; the rerun resumes from here)."""
-        done = {p.name for p in checkpoint.complete(self.out_dir)}
+        preempt.Preempted (marlflow.train exits with preempt.EXIT_PREEMPTED; the rerun resumes from here). Every
+        rank calls it after the same step (preempt.agreed); rank 0 decides and writes."""
+        done = distributed.from_main(lambda: {p.name for p in checkpoint.complete(self.out_dir)})
         if self.step == 0:  # the rerun starts afresh and reads step 0's evaluation from the cell's cache
             what = "no step completed, nothing to checkpoint"
         elif f"step-{self.step}" in done:
@@ -700,8 +711,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             what = f"checkpointed step-{self.step}"
         log.warning(
             "stopped on %s at step %d of %d: %s, steps lost: 0; exiting with %d for a rerun to resume",
-            preempt.describe(), self.step, self.cfg.grpo.steps, what, preempt.EXIT_PREEMPTED,
+            preempt.describe() or "another rank's signal", self.step, self.cfg.grpo.steps, what,
+            preempt.EXIT_PREEMPTED,
         )  # fmt: skip
+        distributed.barrier()  # no rank exits (and makes a launcher stop the others) before rank 0 has written
         raise preempt.Preempted(f"run {self.cfg.run_id} stopped on a signal after step {self.step}: {what}")
 
     def _log_progress(self, first: int, t_start: float) -> None:

@@ -77,7 +77,9 @@ rule train:
     # `exec`: the trainer replaces the rule's bash, so a SIGTERM (scancel, preemption) that SLURM sends to every
     # process of the job step reaches the trainer without killing a shell in between; the step's Snakemake
     # waits for it while it checkpoints (exit 75, marlflow.preempt). Without it, bash died of SIGTERM and
-    # Snakemake ended the step with the trainer still saving (docs/environment.md, "Preemption").
+    # Snakemake ended the step with the trainer still saving (docs/environment.md, "Preemption"). A run of N
+    # ranks: that process is the ranks' launcher; it waits for them and exits with the run's code, 75 included
+    # (marlflow.distributed.launch).
     # --log: the trainer writes its own log, keeping an earlier attempt's (a killed, resumed job) as
     # LOG.attempt-N instead of overwriting it.
     shell:

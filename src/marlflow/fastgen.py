@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from marlflow.sampling import Sampling, distinct_rows
+from marlflow.sampling import Sampling, call_uniforms, distinct_rows
 
 ENV = "MARLFLOW_FASTGEN"
 
@@ -158,13 +158,14 @@ def prefix_store(model) -> PrefixKV | None:
 
 @torch.no_grad()
 def generate(model, policy: str, prompts: list[list[int]], ids, mask, sampling: Sampling, eos_ids: set[int],
-             pad_id: int, store: PrefixKV | None = None, share_prefill: bool = True) -> torch.Tensor:  # fmt: skip
+             pad_id: int, store: PrefixKV | None = None, share_prefill: bool = True,
+             keys=None) -> torch.Tensor:  # fmt: skip
     """The fast path of one `HFBackend.generate`: prompts (token ids per call) left-padded into ids / mask
     (B, T) on the model's device -> (B, max_new_tokens) sampled ids, `pad_id` after a row's stop token.
 
     Prefills each distinct prompt once (`share_prefill`), on top of the K/V `store` holds for the longest
     stored prefix of `policy`'s earlier sequences, then runs `sample`, which adds each finished row's
-    sequence to `store`."""
+    sequence to `store`. keys: (B,) per-call keys (`sample`), or None for torch's global RNG."""
     if share_prefill:
         first, inv = distinct_rows(map(tuple, prompts))
     else:
@@ -173,7 +174,7 @@ def generate(model, policy: str, prompts: list[list[int]], ids, mask, sampling: 
     cache = prefill_cache(model, ids, mask, first, inv, reuse)
     _reserve(cache, sampling.max_new_tokens)
     keep = None if store is None else (lambda seq, kv: store.add(policy, seq, kv))
-    return sample(model, ids, mask, cache, sampling, eos_ids, pad_id, prompts, keep)
+    return sample(model, ids, mask, cache, sampling, eos_ids, pad_id, prompts, keep, keys)
 
 
 # Generation-config fields whose non-neutral values add a logits processor to HF `generate`; `sample` has none of
@@ -208,9 +209,44 @@ def plain_sampling(generation_config) -> bool:
     return all(getattr(generation_config, k, None) in ok for k, ok in _NEUTRAL.items())
 
 
+def warpers(sampling: Sampling):
+    """HF `generate`'s warpers for `sampling` as `sample` applies them: temperature, then top-p (none when
+    greedy or neutral). Called as warpers(None, logits (B, V)) -> warped scores (B, V)."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    out = LogitsProcessorList()
+    if sampling.temperature > 0 and sampling.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.temperature > 0 and sampling.top_p < 1.0:
+        out.append(TopPLogitsWarper(sampling.top_p))
+    return out
+
+
+_DRAW_ELEMENTS = 2**25  # float64 cumulative probabilities per chunk of `draw` (256 MiB)
+
+
+def draw(probs: torch.Tensor, u) -> torch.Tensor:
+    """Inverse-CDF sampling: probs (B, V) non-negative rows (each summing to about 1), u (B,) uniforms in
+    (0, 1) -> (B,) long: per row the first token whose cumulative probability reaches u x the row's total.
+
+    A row picks token v with probability probs[v] / total exactly as far as float64 cumulative sums resolve
+    it, so this is the distribution `torch.multinomial` samples, driven by a given number per row instead of
+    torch's RNG (RunConfig.sampling_seeds "per_call", with `marlflow.sampling.call_uniforms`). A token of
+    probability 0 (cut by top-p) is never picked: u > 0. Computed in row chunks so that the float64 sums of a
+    large vocabulary stay within _DRAW_ELEMENTS elements."""
+    u = torch.as_tensor(u, dtype=torch.float64, device=probs.device)
+    step = max(1, _DRAW_ELEMENTS // max(probs.shape[1], 1))
+    out = []
+    for i in range(0, probs.shape[0], step):
+        cdf = probs[i : i + step].double().cumsum(-1)
+        x = (u[i : i + step] * cdf[:, -1]).unsqueeze(1)
+        out.append(torch.searchsorted(cdf, x).squeeze(1))
+    return torch.cat(out).clamp_(max=probs.shape[1] - 1)
+
+
 @torch.no_grad()
 def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_id: int, prompts=None,
-           keep=None) -> torch.Tensor:  # fmt: skip
+           keep=None, keys=None) -> torch.Tensor:  # fmt: skip
     """Decode loop of HF `generate` (sampling or greedy, temperature and top-p warpers, stop at `eos_ids`) that
     drops finished rows from the batch. ids / mask (B, T) left-padded prompts; `cache` holds every row's prompt
     but its last token (`prefill_cache`). Returns (B, max_new_tokens) ids, `pad_id` after a row's stop token.
@@ -221,15 +257,14 @@ def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_i
     token), so the RNG stream and each live row's draw are what `generate` would make from the same logits
     (`tests/test_generation.py` checks equality with `generate`).
 
+    keys: (B,) uint64 per-call keys (RunConfig.sampling_seeds "per_call"): then each live row draws its token
+    with `draw` from its own number `call_uniforms(key, t)` at completion position t, after the same warpers,
+    instead of the batch's `torch.multinomial`; a row's tokens depend on its key and its logits alone, and a
+    finished row draws nothing. torch's RNG is not used. Greedy ignores keys.
+
     `keep(seq, kv)`, if given, receives each row's sequence (its prompt, from `prompts`, and completion, but
     the last sampled token, which never ran) and that sequence's K/V per layer, (H, len(seq), D) each."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList()
-    if sampling.temperature > 0 and sampling.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(sampling.temperature))
-    if sampling.temperature > 0 and sampling.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(sampling.top_p))
+    warp = warpers(sampling)
     n_rows, device = ids.shape[0], ids.device
     stop = torch.tensor(sorted(eos_ids), device=device)
     out = torch.full((n_rows, sampling.max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -239,8 +274,10 @@ def sample(model, ids, mask, cache, sampling: Sampling, eos_ids: set[int], pad_i
     for t in range(sampling.max_new_tokens):
         logits = model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=cache,
                        use_cache=True).logits[:, -1].float()  # fmt: skip
-        scores = warpers(None, logits)
-        if sampling.temperature > 0:
+        scores = warp(None, logits)
+        if sampling.temperature > 0 and keys is not None:
+            nxt = draw(torch.softmax(scores, dim=-1), call_uniforms(keys[rows.cpu().numpy()], t))
+        elif sampling.temperature > 0:
             probs = torch.softmax(scores, dim=-1)
             if len(rows) < n_rows:
                 if full is None:

@@ -14,16 +14,22 @@ Both stop at the same tokens (`marlflow.sampling.stop_token_ids`: the tokenizer'
 ids, which is what vLLM stops at by default) and return exactly the tokens that were sampled, the stop token
 included: nothing that was not sampled ever enters the loss. After each `generate`, `backend.last_logps`
 holds the sampled tokens' log-probabilities per call when the backend reports them (vLLM), else None.
+
+Randomness (RunConfig.sampling_seeds): "stream" draws one `torch.multinomial` over the batch per decode step
+from torch's global RNG; "per_call" (`Sampling.per_call`) gives each call its own numbers from its key
+(`marlflow.sampling.call_uniforms`), on both the fast path (`fastgen.sample`) and HF `generate` (`PerCallDraw`),
+which then sample the same tokens from the same logits.
 """
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 from marlflow import fastgen
-from marlflow.sampling import Sampling, stop_token_ids
+from marlflow.sampling import Sampling, call_uniforms, stop_token_ids
 
 
 class ChatEncoder:
@@ -150,9 +156,18 @@ class HFBackend:
     ) -> list[list[int]]:
         """prompts: token ids per call -> completion ids per call (ending with eos unless truncated).
 
-        `seeds` is accepted for interface parity and ignored: sampling draws from torch's global RNG."""
+        `seeds`: with sampling.per_call, the calls' keys (one per prompt; `marlflow.sampling.call_seed`), from
+        which each call draws its own numbers; otherwise ignored: sampling draws from torch's global RNG."""
         if not prompts:
             return []
+        keys = None
+        if sampling.per_call and sampling.temperature > 0:
+            if seeds is None or len(seeds) != len(prompts):
+                raise ValueError(
+                    f"per-call sampling needs one key per prompt: got {len(prompts)} prompts and "
+                    f"{'no' if seeds is None else len(seeds)} seeds (workflows.Context.generate passes them)"
+                )
+            keys = np.asarray(seeds, dtype=np.uint64)
         self.calls += 1
         if self.bf16 is not None:
             model = self.bf16.weights(policy)
@@ -172,23 +187,52 @@ class HFBackend:
             ids, mask = ids.to(device), mask.to(device)
             # The reference: HF's own loop; also for a processor the fast loop lacks (fastgen.plain_sampling).
             if not (self.fast and fastgen.plain_sampling(model.generation_config)):
-                return self._hf_generate(model, ids, mask, sampling, width)
+                return self._hf_generate(model, ids, mask, sampling, width, keys)
             out = fastgen.generate(model, policy, prompts, ids, mask, sampling, self.eos_ids, self.pad_id,
-                                   self.prefix_kv, self.share_prefill)  # fmt: skip
+                                   self.prefix_kv, self.share_prefill, keys)  # fmt: skip
         finally:
             model.train(was_training)
         return [trim_completion(g, self.eos_ids) for g in out.tolist()]
 
-    def _hf_generate(self, model, ids, mask, sampling: Sampling, width: int) -> list[list[int]]:
+    def _hf_generate(self, model, ids, mask, sampling: Sampling, width: int, keys=None) -> list[list[int]]:
         kwargs = dict(
             max_new_tokens=sampling.max_new_tokens, pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids)
         )
+        if keys is not None:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList([PerCallDraw(keys, width, sampling)])
         if sampling.temperature > 0:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         return [trim_completion(g, self.eos_ids) for g in out[:, width:].tolist()]
+
+
+class PerCallDraw:
+    """Per-call sampling inside HF `generate` (RunConfig.sampling_seeds "per_call" on the reference path).
+
+    `generate` runs its logits processors (repetition penalty, ...; this one last among them) and then its
+    warpers (temperature, top-p) before one `torch.multinomial` over the batch. This processor applies the
+    same warpers itself (`fastgen.warpers`), draws each row's token with `fastgen.draw` from the row's own
+    number (`call_uniforms(key, t)`, t the completion position) and leaves that token the only finite score,
+    so the warpers after it keep it and the multinomial can only pick it: the token is what `fastgen.sample`
+    picks from the same logits and key. Rows that have stopped draw too (`generate` keeps decoding them and
+    pads their output), which changes no other row's numbers.
+
+    keys (B,) uint64 per-call keys; width: the padded prompt length (input_ids' columns before completion).
+    A plain callable, as LogitsProcessorList runs them, so that importing this module imports no transformers."""
+
+    def __init__(self, keys, width: int, sampling: Sampling):
+        self.keys, self.width, self.warp = keys, width, fastgen.warpers(sampling)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.warp(input_ids, scores.float()), dim=-1)
+        token = fastgen.draw(probs, call_uniforms(self.keys, input_ids.shape[1] - self.width))
+        out = torch.full_like(scores, -float("inf"))
+        out[torch.arange(len(token), device=scores.device), token] = 0.0
+        return out
 
 
 def make_backend(kind: str, model, tokenizer, policies: tuple[str, ...], cfg=None):

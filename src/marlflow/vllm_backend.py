@@ -30,7 +30,10 @@ what TRL's loss computes with `logits / temperature`); `last_logps` holds them p
 their mean distance to its own log-probabilities (`logp_gap`).
 
 Randomness: vLLM has its own sampler RNG, which the torch seed does not reach; every request carries its own
-seed (`marlflow.sampling.request_seeds`), a pure function of the rollout's seed, stage and position.
+seed (`SamplingParams(seed=...)`, sampled from a generator of its own): under RunConfig.sampling_seeds "stream"
+`marlflow.sampling.request_seeds`, a pure function of the rollout's seed, stage and position in the stage's
+batch; under "per_call" the call's key (`marlflow.sampling.call_seed` of its problem, slot and rollout
+index), so a request samples the same tokens whatever else is in the engine's batch (given its logits).
 
 vllm is imported here and only here, lazily; installs without vLLM never import this module's engine.
 """

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from marlflow.sampling import Sampling, request_seeds
+from marlflow.sampling import Sampling, call_seed, request_seeds
 from marlflow.tasks import Problem
 from marlflow.workflows.spec import spec_of
 
@@ -73,24 +73,36 @@ class Context:
         self.encoder = encoder
         self.sampling = sampling
         self.timer = timer if timer is not None else defaultdict(float)
-        self.stage = 0  # backend calls so far in this rollout: each gets its own request seeds
+        self.stage = 0  # backend calls so far in this rollout: each gets its own request seeds (stream)
         # () -> bool, asked before each stage; True raises RolloutStopped. The trainer sets it for training
         # rollouts (marlflow.preempt: a stop requested during a rollout abandons the step at its next stage).
         self.should_stop = None
 
     def generate(self, pending: list[tuple[Episode, Call]]) -> None:
-        """Fill in every call's completion, one backend call per policy."""
+        """Fill in every call's completion, one backend call per policy.
+
+        The seeds handed to the backend: under sampling.per_call (RunConfig.sampling_seeds "per_call") each
+        call's key, `call_seed(sampling.seed, sampling.purpose, problem uid, slot, rollout index)`, so its
+        tokens do not depend on the batch it shares; otherwise (stream) `request_seeds` of the rollout's seed
+        and this backend call's index, which only vLLM reads."""
         if self.should_stop is not None and self.should_stop():
             raise RolloutStopped(f"stop requested before stage {self.stage} of the rollout")
         t0 = time.perf_counter()
-        by_policy: dict[str, list[Call]] = defaultdict(list)
+        by_policy: dict[str, list[tuple[Episode, Call]]] = defaultdict(list)
         for episode, call in pending:
             episode.calls.append(call)
             call.prompt_ids = self.encoder(call.messages)
-            by_policy[self.policy_of(call.role)].append(call)
-        for policy, calls in by_policy.items():
-            seed = self.sampling.seed
-            seeds = None if seed is None else request_seeds(seed, self.stage, len(calls))
+            by_policy[self.policy_of(call.role)].append((episode, call))
+        seed, purpose = self.sampling.seed, self.sampling.purpose
+        if self.sampling.per_call and seed is None:
+            raise ValueError("per-call sampling needs the rollout's seed (Sampling.seed): set it, as "
+                             "marlflow.rollout.context does for training and evaluation rollouts")  # fmt: skip
+        for policy, pairs in by_policy.items():
+            calls = [c for _, c in pairs]
+            if self.sampling.per_call:
+                seeds = [call_seed(seed, purpose, e.problem.uid, c.slot, e.rollout) for e, c in pairs]
+            else:
+                seeds = None if seed is None else request_seeds(seed, self.stage, len(calls))
             self.stage += 1
             outs = self.backend.generate(policy, [c.prompt_ids for c in calls], self.sampling, seeds)
             logps = self.backend.last_logps or [None] * len(calls)

@@ -64,8 +64,8 @@ rule train:
         gpu=scale_resource("gpu", 0),
         tasks=lambda wildcards: run_ranks(SHEET, wildcards.run_id),
         tasks_per_gpu=1,
-        # scale_resources.<scale>.nodes: K spreads the ranks over K nodes (sbatch --nodes); 0: SLURM places them.
-        nodes=scale_resource("nodes", 0),
+        # scale_resources.<scale>.nodes: K spreads the ranks over K nodes (sbatch --nodes); one node by default.
+        nodes=scale_resource("nodes", 1),
         cpus_per_task=scale_resource(
             "cpus_per_task", lambda wildcards, threads: threads
         ),

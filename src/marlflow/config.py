@@ -392,11 +392,13 @@ class RunConfig:
         by the trainer) and vLLM seeds each request from (rollout seed, stage, position in the stage's
         batch), so a call's tokens depend on which other calls share its batch and in what order. The
         committed toy evidence was sampled this way, so it stays the default until that evidence is
-        regenerated. "per_call": each call samples from its own generator, seeded by
-        marlflow.sampling.call_seed(rollout seed, problem uid, slot, rollout index): its tokens are a pure
-        function of that key and of the logits, whatever else is in the batch, its order, or the process
-        (rank) it runs in, so an N-rank run samples a 1-rank run's episodes. Same distribution as "stream"
-        (same temperature / top-p warping; tests/test_sampling_seeds.py); greedy decoding is unaffected.
+        regenerated. "per_call": each call draws its tokens from its own key,
+        marlflow.sampling.call_seed(rollout seed, purpose train/eval/val, problem uid, slot, rollout index),
+        one counter-based uniform per token position: its tokens are a pure function of that key and of the
+        logits, whatever else is in the batch, its order, or the process (rank) it runs in, so an N-rank run
+        samples a 1-rank run's episodes (as far as the logits agree to the last bit; docs/reference.md,
+        "Where sampling's randomness comes from"). Same distribution as "stream" (same temperature / top-p
+        warping; tests/test_sampling_seeds.py); greedy decoding is unaffected. The paper presets set it.
     eval_opt_rounds: generator calls at most in Eval-Opt; 0 = the paper's default for the task kind
         (marlflow.workflows.eval_opt.SPEC.default_rounds).
     n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -120,6 +121,26 @@ def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
     )
 
 
+# The variables from which accelerate (and transformers' TrainingArguments) infer a multi-process run.
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+               "MV2_COMM_WORLD_SIZE")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _accelerate_single_process():
+    """Hide torchrun's rank variables while TRL builds its Accelerator, so that each rank's accelerator is a
+    single process. marlflow.distributed does every collective of a data-parallel step itself; under torchrun
+    (not under srun, whose variables accelerate does not read) accelerate would otherwise reduce TRL's per-chunk
+    entropy and clip metrics over the ranks inside `_compute_loss`: a collective per chunk, which hangs when the
+    ranks run different numbers of chunks and would count every rank's calls twice (update.reduce_policy_grad
+    sums them). accelerate keeps the state it builds here (a per-process singleton)."""
+    hidden = {k: os.environ.pop(k) for k in LAUNCH_VARS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
 class MultiAgentGRPOTrainer(GRPOTrainer):
     """GRPO over workflow episodes with one LoRA adapter per policy on one frozen base model.
 
@@ -130,13 +151,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def __init__(self, cfg, model, tokenizer, task, out_dir: str | Path):
         self.cfg, self.task, self.out_dir = cfg, task, Path(out_dir)
         placeholder = Dataset.from_dict({"prompt": ["unused"] * cfg.grpo.group_size})
-        super().__init__(
-            model=model,
-            reward_funcs=[_no_reward],
-            args=_grpo_args(cfg, self.out_dir),
-            train_dataset=placeholder,
-            processing_class=tokenizer,
-        )
+        with _accelerate_single_process():
+            super().__init__(
+                model=model,
+                reward_funcs=[_no_reward],
+                args=_grpo_args(cfg, self.out_dir),
+                train_dataset=placeholder,
+                processing_class=tokenizer,
+            )
         # TRL's Trainer creates args.output_dir although nothing is saved there: leave no empty trl/ in the run.
         with contextlib.suppress(OSError):
             Path(self.args.output_dir).rmdir()

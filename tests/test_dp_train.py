@@ -2,7 +2,11 @@
 the run that 1 process trains, for SP and IP and every workflow, and a rank's death, a rerun and a rank-count
 change behave as docs/slurm.md ("Several GPUs per run") says.
 
-Every run samples with sampling_seeds "per_call" (a call's tokens do not depend on the rank that samples it).
+Every run samples with sampling_seeds "per_call" (a call's tokens do not depend on the rank that samples it)
+from the fp32 model (generation_dtype "model"): after the first update the two runs' adapters differ by float
+summation order (ADAPTER_ATOL), and a bf16 sampling copy, which merges the adapters into bf16 weights, turns
+that into bf16-rounding differences of the logits that can flip a sampled token (seen once in 3 steps of
+Voting IP: 1 of the aggregator's 48 tokens at step 2); fp32 logits differ by ~1e-7 and did not.
 What must be equal, and how closely:
 - the sampled episodes: the eval samples (samples.parquet) and the train rows that only count and average the
   episodes (rewards, samples, tokens, lengths, format failures, zero-advantage groups) equal exactly;
@@ -52,7 +56,7 @@ CHUNK_MEANS = ("entropy", "clip_frac", "kl", "logp_gap")
 # the toy model), a 1e-10 difference in the summation order of the all-reduce moves that coordinate by a
 # visible fraction of lr (tests/test_distributed.py::test_two_ranks_update_like_one_process_sp_and_ip), so 1e-5
 # on the adapters is not reachable through Adam; measured on these runs: see test_two_ranks_train_like_one.
-ADAPTER_ATOL = 1e-3  # lr 1e-2: 0.1 x lr
+ADAPTER_ATOL = 3e-4  # lr 1e-2; measured at most 6.7e-5 over the 7 cells below (a 4.5x margin)
 
 
 def _cfg(workflow: str, sharing: str, ranks: int, steps: int = 3, **grpo):
@@ -66,7 +70,7 @@ def _cfg(workflow: str, sharing: str, ranks: int, steps: int = 3, **grpo):
     return RunConfig(run_id=f"{workflow}-{sharing}-toy-math-s0", workflow=workflow, sharing=sharing, scale="toy",
                      task_axis="math", seed=0, task=TaskSpec(name="toy_math", eval_size=3, train_size=40, val_size=3),
                      model=str(MODEL), grpo=GRPOParams(**g), device="cpu", ranks=ranks,
-                     sampling_seeds="per_call")  # fmt: skip
+                     sampling_seeds="per_call", generation_dtype="model")  # fmt: skip
 
 
 def worker(out: Path) -> int:
@@ -225,21 +229,41 @@ def _rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under {launcher}")
 
 
-def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(tmp_path):
-    """`python -m marlflow.train` of a ranks-2 config, end to end. Uninterrupted: it trains (rank 0 logs, rank 1
-    only warnings, prefixed with its rank). SIGKILL of rank 1 after the step-1 checkpoint ends the whole job
-    within seconds (no rank left waiting in a collective) with a failure; the rerun resumes from the newest
-    checkpoint and ends with the uninterrupted run's metrics and adapters. The killed run's checkpoint also
-    resumes under 1 rank (per-call seeds) to the same run within the 1-vs-2-rank tolerances."""
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """An uninterrupted `python -m marlflow.train` of the ranks-2 Single SP config: it trains (rank 0 logs as
+    one process does, rank 1 only warnings, prefixed with its rank)."""
     cfg2 = _cfg("single", "sp", 2)
-    ref, ref_log = tmp_path / "ref" / cfg2.run_id, tmp_path / "ref.log"
-    ref.parent.mkdir()
-    assert _cli(cfg2, ref, ref_log).wait(timeout=600) == 0, ref_log.read_text()[-4000:]
-    text = ref_log.read_text()
+    ref = tmp_path_factory.mktemp("ref") / cfg2.run_id
+    log = ref.parent / "ref.log"
+    assert _cli(cfg2, ref, log).wait(timeout=600) == 0, log.read_text()[-4000:]
+    text = log.read_text()
     assert "starting 2 ranks: " in text and "rank 0 of 2 (torchrun) joined" in text
     assert "rank 1 of 2 (torchrun) joined" in text and "step 3/3" in text
     assert not [x for x in text.splitlines() if " INFO rank 1 " in x]
+    return ref
 
+
+def _same_run(ref: Path, run: Path) -> None:
+    """Bit for bit the same run (wall times aside): metrics, samples, adapters."""
+    a, b = (
+        _no_times(pd.read_parquet(ref / "metrics.parquet")),
+        _no_times(pd.read_parquet(run / "metrics.parquet")),
+    )
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(ref / "samples.parquet"), pd.read_parquet(run / "samples.parquet")
+    )
+    wa, wb = _adapters(ref), _adapters(run)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(uninterrupted, tmp_path):
+    """SIGKILL of rank 1 after the step-1 checkpoint ends the whole job within seconds (no rank left waiting in
+    a collective) with a failure; the rerun resumes from the newest checkpoint and ends with the uninterrupted
+    run's metrics and adapters. The killed run's checkpoint also resumes under 1 rank (per-call seeds) to the
+    same run within the 1-vs-2-rank tolerances."""
+    cfg2, ref = _cfg("single", "sp", 2), uninterrupted
     run, log = tmp_path / "killed" / cfg2.run_id, tmp_path / "killed.log"
     run.parent.mkdir()
     p = _cli(cfg2, run, log)
@@ -257,21 +281,41 @@ def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(tm
 
     assert _cli(cfg2, run, log).wait(timeout=600) == 0, log.read_text()[-4000:]
     assert "resumed from" in log.read_text()
-    a, b = (
-        _no_times(pd.read_parquet(ref / "metrics.parquet")),
-        _no_times(pd.read_parquet(run / "metrics.parquet")),
-    )
-    pd.testing.assert_frame_equal(a, b)
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(ref / "samples.parquet"), pd.read_parquet(run / "samples.parquet")
-    )
-    wa, wb = _adapters(ref), _adapters(run)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _same_run(ref, run)
 
     one_log = tmp_path / "other.log"
     assert _cli(_cfg("single", "sp", 1), other, one_log).wait(timeout=600) == 0, one_log.read_text()[-4000:]
     assert "resumed from" in one_log.read_text() and "superseded" not in one_log.read_text()
     compare_runs(other, ref)
+
+
+def test_cli_a_signal_to_one_rank_stops_both_after_the_same_step(uninterrupted, tmp_path):
+    """SIGUSR1 to rank 1 alone, after step 1 (no checkpoint is due before step 3): both ranks stop after the
+    same step (preempt.agreed), rank 0 writes that step's checkpoint, once, the run exits 75, and the rerun
+    resumes to the uninterrupted run bit for bit."""
+    cfg2 = _cfg("single", "sp", 2, save_every=3)
+    run, log = tmp_path / cfg2.run_id, tmp_path / "train.log"
+    p = _cli(cfg2, run, log)
+    t0 = time.monotonic()
+    while "step 1/3" not in (log.read_text() if log.exists() else ""):
+        assert p.poll() is None and time.monotonic() - t0 < 300, log.read_text()[-4000:]
+        time.sleep(0.05)
+    os.kill(_rank_pid(p.pid, 1), signal.SIGUSR1)
+    assert p.wait(timeout=300) == 75, log.read_text()[-4000:]
+    text = log.read_text()
+    stopped = [x for x in text.splitlines() if "stopped on " in x]
+    assert len(stopped) == 2, text[-4000:]  # one line per rank, after the same step
+    assert any("rank 1" in x and "SIGUSR1" in x for x in stopped)
+    assert any("another rank's signal" in x for x in stopped)
+    step = {x.split(" at step ")[1].split()[0] for x in stopped}
+    assert len(step) == 1 and step != {"3"}, stopped
+    (k,) = step
+    assert [c.name for c in (run / "checkpoints").iterdir()] == [f"step-{k}"]
+    assert sum(f"checkpointed step-{k}" in x for x in stopped) == 2  # both ranks report rank 0's one write
+    assert not (run / "DONE").exists()
+    assert _cli(cfg2, run, log).wait(timeout=600) == 0, log.read_text()[-4000:]
+    assert f"resumed from {run / 'checkpoints' / f'step-{k}'}" in log.read_text()
+    _same_run(uninterrupted, run)
 
 
 def test_a_stream_checkpoint_of_another_rank_count_is_refused(tmp_path):

@@ -384,8 +384,9 @@ class RunConfig:
         over the ranks before the optimizer step. `python -m marlflow.train` starts the ranks itself:
         torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` tasks, and on
         device cuda for one GPU per rank). Needs problems_per_step >= ranks and an explicit device (cpu:
-        gloo; cuda: NCCL, one GPU per rank). Part of the training identity: a checkpoint written under
-        another rank count is not resumed from (docs/slurm.md, "Several GPUs per run"). ranks > 1 needs
+        gloo; cuda: NCCL, one GPU per rank). Part of the training identity, but a checkpoint that differs
+        in ranks alone is resumed from under "per_call" seeds and refused under "stream"
+        (marlflow.checkpoint.rank_change_refusal; docs/slurm.md, "Several GPUs per run"). ranks > 1 needs
         sampling_seeds "per_call".
     sampling_seeds: where a role call's sampled tokens get their randomness (SAMPLING_SEEDS; issue 27).
         "stream" (default): the hf backend draws every batch from torch's global RNG (seeded and checkpointed

@@ -291,7 +291,7 @@ def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(un
 
 def test_cli_a_signal_to_one_rank_stops_both_after_the_same_step(uninterrupted, tmp_path):
     """SIGUSR1 to rank 1 alone, after step 1 (no checkpoint is due before step 3): both ranks stop after the
-    same step (preempt.agreed), rank 0 writes that step's checkpoint, once, the run exits 75, and the rerun
+    same step (distributed.stop_agreed), rank 0 writes that step's checkpoint, once, the run exits 75, and the rerun
     resumes to the uninterrupted run bit for bit."""
     cfg2 = _cfg("single", "sp", 2, save_every=3)
     run, log = tmp_path / cfg2.run_id, tmp_path / "train.log"

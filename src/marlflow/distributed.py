@@ -272,6 +272,13 @@ def any_rank(flag: bool) -> bool:
     return bool(total.item() > 0)
 
 
+def stop_agreed() -> bool:
+    """Whether a stop was requested (marlflow.preempt) on any rank of the run (`preempt.requested()` for a single
+    process). A signal may reach one rank only, or each at another time; every rank calls this at the same points
+    (marlflow.trainer: before a step's update and at each step boundary), so all stop after the same step."""
+    return any_rank(preempt.requested())
+
+
 def barrier() -> None:
     if _grouped():
         dist.barrier()

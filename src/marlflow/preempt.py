@@ -26,8 +26,8 @@ one delivered twice, as SLURM does to the ranks of an N-rank run, and ignored). 
 newest complete checkpoint loadable (marlflow.checkpoint writes each whole or not at all). SIGINT (Ctrl-C) is left to Python: an immediate
 KeyboardInterrupt.
 
-Data-parallel runs (marlflow.distributed): the ranks decide together (`agreed`), so a signal to any one rank
-stops every rank after the same step; rank 0 alone writes the checkpoint, and every rank exits with 75.
+Data-parallel runs (marlflow.distributed): the ranks decide together (`distributed.stop_agreed`), so a signal
+to any one rank stops every rank after the same step; rank 0 alone writes the checkpoint, and every rank exits with 75.
 """
 
 from __future__ import annotations
@@ -73,15 +73,6 @@ def _handler(signum, frame) -> None:
 def requested() -> bool:
     """Whether a stop was requested (a SIGTERM or SIGUSR1 arrived since `install` or `reset`)."""
     return _requested is not None
-
-
-def agreed() -> bool:
-    """Whether a stop was requested on any rank of the run (`requested()` for a single process). A signal may
-    reach one rank only, or each at another time; every rank calls this at the same points (marlflow.trainer:
-    before a step's update and at each step boundary), so all stop after the same step (one all-reduce)."""
-    from marlflow import distributed
-
-    return distributed.any_rank(requested())
 
 
 def describe() -> str:

@@ -115,7 +115,7 @@ def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
             _remove_empty_dirs(out_dir)
         raise
     if not main:
-        distributed.barrier()  # the ranks end together: a launcher stops the others when one exits first
+        distributed.barrier()  # no rank reports the run done before rank 0 has written its files
         return metrics
     write_metrics(metrics, out_dir / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")

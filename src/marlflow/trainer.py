@@ -21,6 +21,11 @@ overrides (log-probs, one chunk's loss: `piece_loss`), step-0 sharing, cliff_gua
     SIGTERM / SIGUSR1 (marlflow.preempt): abandon the step if its update has not started, else finish it;
                          checkpoint the last completed step; raise preempt.Preempted (exit 75, rerun)
 
+Data parallel (marlflow.distributed; docs/slurm.md "Several GPUs per run"): each rank rolls out its shard of the
+step's problems, the update sums the gradients over the ranks, the train rows and the evaluations read every
+rank's episodes, and the ranks agree on a stop; every rank holds the same state, and rank 0 alone writes
+(checkpoints, the step-0 cache, trackers). One process is the same code with every collective the identity.
+
 Under SP each role's (and each slot's) gradient contribution is separated by differencing the accumulated
 gradient after each slot's backward, so per-role gradient metrics exist under both sharings with one
 meaning (marlflow.analysis.definitions, "Gradient metrics"): grad_norm of the role's own mean loss,
@@ -429,8 +434,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # Data parallel: this rank's whole problems (a GRPO group stays on one rank); all of them for one process.
         mine = distributed.shard(self.problems_for(step), distributed.rank(), distributed.world())
         episodes = ro.train_episodes(self.cfg, self.task, mine, ctx)
-        # The ranks agree (preempt.agreed): a signal to any rank abandons the step on all of them.
-        if preempt.agreed() or episodes is None:  # the update has not started: undo the rollout
+        # The ranks agree (distributed.stop_agreed): a signal to any rank abandons the step on all of them.
+        if distributed.stop_agreed() or episodes is None:  # the update has not started: undo the rollout
             self._undo_rollout(rng, calls_before)
             return False
         batch = ro.flatten(self.cfg, episodes)
@@ -694,7 +699,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self._cliff_guard()
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
-        while self.step < g.steps and not preempt.agreed():  # every rank asks at each step boundary
+        while self.step < g.steps and not distributed.stop_agreed():  # every rank asks at each step boundary
             self.step += 1
             if not self.train_step(self.step):  # stopped during its rollout: the step is undone
                 self.step -= 1
@@ -719,7 +724,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _stop_for_rerun(self) -> None:
         """Checkpoint the last completed step unless its checkpoint exists, log what happened, and raise
         preempt.Preempted (marlflow.train exits with preempt.EXIT_PREEMPTED; the rerun resumes from here). Every
-        rank calls it after the same step (preempt.agreed); rank 0 decides and writes."""
+        rank calls it after the same step (distributed.stop_agreed); rank 0 decides and writes."""
         done = distributed.from_main(lambda: {p.name for p in checkpoint.complete(self.out_dir)})
         if self.step == 0:  # the rerun starts afresh and reads step 0's evaluation from the cell's cache
             what = "no step completed, nothing to checkpoint"
@@ -729,8 +734,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             if self._pending_base is not None:
                 self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
                 self.trackers.log(self.metric_rows)
-            self.save_checkpoint()
-            what = f"checkpointed step-{self.step}"
+            self.save_checkpoint()  # rank 0's write; the others go on to the barrier below
+            what = f"checkpointed step-{self.step}" + ("" if distributed.is_main() else " (by rank 0)")
         log.warning(
             "stopped on %s at step %d of %d: %s, steps lost: 0; exiting with %d for a rerun to resume",
             preempt.describe() or "another rank's signal", self.step, self.cfg.grpo.steps, what,

@@ -273,25 +273,53 @@ def test_readme_expectations_come_from_the_committed_toy_evidence():
 
 
 def test_results_three_seed_numbers_come_from_the_committed_evidence():
-    """docs/results.md's prose on toy_seeds' build-0 half (bases, flags, gains, code peaks) is recomputed from
-    results/evidence/toy_seeds_build0/summary.parquet, so it cannot drift from the data."""
+    """docs/results.md's prose on toy_seeds (bases per build and the band, the out-of-band cell, flags, median
+    gains per build and seed, code peaks) is recomputed from results/evidence/toy_seeds/summary.parquet, so it
+    cannot drift from the data."""
     import pandas as pd
 
-    s = pd.read_parquet(ROOT / "results/evidence/toy_seeds_build0/summary.parquet")
+    from marlflow.analysis.definitions import TOY_BASE_BAND
+
+    s = pd.read_parquet(ROOT / "results/evidence/toy_seeds/summary.parquet")
     text = (ROOT / "docs/results.md").read_text()
     para = " ".join(
         text[
-            text.index("What it shows, descriptively") : text.index("<!-- evidence: toy_seeds_build0/claims")
+            text.index("What it shows, descriptively") : text.index("<!-- evidence: toy_seeds/claims")
         ].split()
     )
-    assert f"({s['base'].min():.3f}–{s['base'].max():.3f})" in para, para
-    from marlflow.analysis.definitions import TOY_BASE_BAND
-
-    lo, hi = TOY_BASE_BAND  # the prose says every base is in the band
-    assert f"[{lo:.2f}, {hi:.2f}]" in para and s["base"].between(lo, hi).all(), para
-    flagged = int((s["cliff"].astype(bool) | s["collapse"].astype(bool) | s["stagnation"].astype(bool)).sum())
-    assert f"({flagged} of {len(s)};" in para, para
-    gains = " / ".join(f"{g:.3f}" for g in s.groupby("seed")["gain_heldout"].median())
-    assert f"median gain_heldout {gains} for seeds 0 / 1 / 2" in para, para
+    lo, hi = TOY_BASE_BAND
+    b0, b1 = s[s["build"] == 0], s[s["build"] == 1]
+    assert len(b0) == len(b1) == 42, (len(b0), len(b1))
+    # build 0: every base in the band, as the prose says
+    assert (
+        f"Build 0's bases are {b0['base'].min():.3f}–{b0['base'].max():.3f}, all in the designed band" in para
+    )
+    assert f"[{lo:.2f}, {hi:.2f}]" in para and b0["base"].between(lo, hi).all(), para
+    # build 1: only Orch-Workers math outside the band, with its numbers
+    ow = (s["workflow"] == "orch_workers") & (s["task"] == "math")
+    out = b1[~b1["base"].between(lo, hi)]
+    assert set(zip(out["workflow"], out["task"])) == {("orch_workers", "math")}, out
+    o1, o0, rest = s[ow & (s["build"] == 1)], s[ow & (s["build"] == 0)], b1[~ow[b1.index]]
+    assert f"Build 1's are {b1['base'].min():.3f}–{b1['base'].max():.3f}" in para, para
+    assert f"Orch-Workers math base is {o1['base'].min():.3f}–{o1['base'].max():.3f}" in para, para
+    pk, pk0 = o1["peak_heldout"], o0["peak_heldout"]
+    assert f"(held-out peak {pk.min():.3f}–{pk.max():.3f}; build 0: base {o0['base'].min():.3f}–" in para, (
+        para
+    )
+    assert f"{o0['base'].max():.3f}, peak {pk0.min():.3f}–{pk0.max():.3f})" in para, para
+    assert f"13 other cells start at {rest['base'].min():.3f}–{rest['base'].max():.3f}, in the band" in para
+    assert rest["base"].between(lo, hi).all()
+    flags = s["cliff"].astype(bool) | s["collapse"].astype(bool) | s["stagnation"].astype(bool)
+    assert f"({int(flags.sum())} of {len(s)};" in para and all(r in para for r in s[flags]["run_id"]), para
+    med = s.groupby(["build", "seed"])["gain_heldout"].median()
+    assert (
+        f"median gain_heldout {' / '.join(f'{g:.3f}' for g in med[0])} for build 0's seeds 0 / 1 / 2" in para
+    )
+    assert f"and {' / '.join(f'{g:.3f}' for g in med[1])} for build 1's" in para, para
     code = s[s["task"] == "code"]["peak_heldout"]
     assert f"held-out peak is {code.min():.3f}–{code.max():.3f}" in para, para
+    readme = " ".join((ROOT / "README.md").read_text().split())  # the README repeats build 1's cell
+    assert (
+        f"Orch-Workers math base {o1['base'].min():.3f}–{o1['base'].max():.3f}, held-out peak {pk.min():.3f}–"
+        f"{pk.max():.3f} over {len(o1)} runs" in readme
+    )

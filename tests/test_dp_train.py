@@ -59,7 +59,11 @@ CHUNK_MEANS = ("entropy", "clip_frac", "kl", "logp_gap")
 ADAPTER_ATOL = 3e-4  # lr 1e-2; measured at most 6.7e-5 over the 7 cells below (a 4.5x margin)
 
 
-def _cfg(workflow: str, sharing: str, ranks: int, steps: int = 3, **grpo):
+def _cfg(workflow: str, sharing: str, ranks: int, cg: bool = False, steps: int = 3, **grpo):
+    """A 3-step toy math run; cg: with cliff_guard (which reads the validation rows every rank holds) and a
+    TensorBoard tracker (fed by rank 0 alone)."""
+    from dataclasses import replace
+
     from marlflow.config import GRPOParams, RunConfig, TaskSpec
 
     g = dict(steps=steps, problems_per_step=2, group_size=4, learning_rate=1e-2, warmup_steps=0,
@@ -67,10 +71,14 @@ def _cfg(workflow: str, sharing: str, ranks: int, steps: int = 3, **grpo):
              lora_r=4, lora_alpha=8, temperature=1.0)  # fmt: skip
     g.update(grpo)
     # eval_size 3 and val_size 3 over 2 ranks: uneven shards (2 + 1)
-    return RunConfig(run_id=f"{workflow}-{sharing}-toy-math-s0", workflow=workflow, sharing=sharing, scale="toy",
-                     task_axis="math", seed=0, task=TaskSpec(name="toy_math", eval_size=3, train_size=40, val_size=3),
-                     model=str(MODEL), grpo=GRPOParams(**g), device="cpu", ranks=ranks,
-                     sampling_seeds="per_call", generation_dtype="model")  # fmt: skip
+    cfg = RunConfig(run_id=f"{workflow}-{sharing}-toy-math-s0", workflow=workflow, sharing=sharing, scale="toy",
+                    task_axis="math", seed=0, task=TaskSpec(name="toy_math", eval_size=3, train_size=40, val_size=3),
+                    model=str(MODEL), grpo=GRPOParams(**g), device="cpu", ranks=ranks,
+                    sampling_seeds="per_call", generation_dtype="model")  # fmt: skip
+    if cg:
+        cfg = replace(cfg, intervention="cg", intervention_spec={"kind": "cliff_guard"}, report_to=["tensorboard"],
+                      run_id=f"{cfg.run_id}-cg")  # fmt: skip
+    return cfg
 
 
 def worker(out: Path) -> int:
@@ -108,7 +116,9 @@ def _train_both(cells, tmp_path: Path) -> tuple[Path, Path]:
     procs = []
     for ranks, out in ((1, one), (2, two)):
         out.mkdir()
-        env = _env(TEST_CFGS=json.dumps([_cfg(w, s, ranks).to_dict() for w, s in cells]))
+        env = _env(
+            TEST_CFGS=json.dumps([_cfg(cell[0], cell[1], ranks, *cell[2:]).to_dict() for cell in cells])
+        )
         cmd = [sys.executable, str(HERE), str(out)] if ranks == 1 else [*_torchrun(2), str(out)]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))  # fmt: skip
@@ -166,7 +176,7 @@ def compare_runs(a: Path, b: Path) -> dict:
 
 
 CELLS = {
-    "single_sp-eval_opt_ip": [("single", "sp"), ("eval_opt", "ip")],
+    "single_sp-eval_opt_ip": [("single", "sp"), ("eval_opt", "ip"), ("single", "sp", True)],
     "voting_sp-orch_workers_ip": [("voting", "sp"), ("orch_workers", "ip")],
     "eval_opt_sp-voting_ip-orch_workers_sp": [("eval_opt", "sp"), ("voting", "ip"), ("orch_workers", "sp")],
 }
@@ -176,15 +186,24 @@ CELLS = {
 def test_two_ranks_train_like_one(cells, tmp_path):
     """3 steps of each cell with 1 process and with 2 ranks (each rank rolls out 1 of the step's 2 problems and
     evaluates 2 or 1 of the 3 eval and validation problems): the same episodes, gradient metrics and eval rows;
-    rank 0 alone wrote the run's files (one base-eval cache entry per cell, read by the cell's second run)."""
+    rank 0 alone wrote the run's files: one step-0 cache entry per workflow, which the cell's cliff_guard run
+    read, one TensorBoard event file."""
     one, two = _train_both(cells, tmp_path)
     found = {}
-    for w, s in cells:
-        rid = _cfg(w, s, 1).run_id
+    for cell in cells:
+        rid = _cfg(cell[0], cell[1], 1, *cell[2:]).run_id
         found[rid] = compare_runs(one / rid, two / rid)
         assert sorted(p.name for p in (two / rid / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
         marker = json.loads((two / rid / "checkpoints" / "step-3" / "COMPLETE").read_text())
         assert marker["ranks"] == 2 and marker["step"] == 3
+        m = pd.read_parquet(two / rid / "metrics.parquet")
+        assert m[m.metric.eq("eval_reused")].value.tolist() == [float(len(cell) > 2)], rid
+        if len(cell) > 2:
+            assert (
+                m.metric.isin(["accuracy"]).any()
+                and len(list((two / rid).rglob("events.out.tfevents*"))) == 1
+            )
+    assert len(list((two / ".base-evals").glob("*-samples.parquet"))) == len({c[0] for c in cells})
     print("largest differences 1 vs 2 ranks:", json.dumps(found))
 
 

@@ -164,6 +164,29 @@ def test_gpu_smoke_budget_stops_and_still_prints_the_json(tmp_path):
     assert all(r["error"].startswith("skipped:") for r in out["scales"])
 
 
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine can run the 2-rank check")
+def test_gpu_smoke_two_rank_check_says_why_it_is_skipped():
+    proc, out = _smoke("--dp")
+    assert proc.returncode == 2 and out is not None, proc.stderr[-2000:]
+    assert out["dp"]["skipped"].startswith("skipped: torch sees") and "2-rank check: skipped" in proc.stdout
+
+
+@pytest.mark.timeout(600)
+def test_gpu_smoke_two_rank_check_on_the_cpu():
+    """The 2-rank check's path on the CPU (gloo, the toy model): benchmarks/bench_dp.py's `launch` of the real
+    trainer step at 1 rank and at 2 torchrun ranks, which sample the same episodes and compute the same per-role
+    gradient metrics; the collectives take a share of the 2-rank step only (1 process runs none)."""
+    proc, out = _smoke("--dp", "--cpu-dry-run", timeout=600)
+    assert proc.returncode == 0 and out is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = out["dp"]
+    assert r["device"] == "cpu" and "error" not in r
+    assert r["episodes_equal"] and r["episode_rows"] > 0
+    assert r["role_grads_match"] and r["role_grad_rows"] > 0
+    one, two = r["ranks1"], r["ranks2"]
+    assert one["collectives_share"] < 0.01 and one["collectives_share"] < two["collectives_share"] < 1
+    assert one["step_s"] > 0 and two["update_s"] > 0 and two["peak_gpu_gb_per_rank"] == [None, None]
+
+
 def test_gpu_smoke_synthetic_tokenizer_has_qwens_ids():
     sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke

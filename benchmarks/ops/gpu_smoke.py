@@ -56,6 +56,17 @@ node with the gpu extra: the colocated engine, with vLLM sleep during the update
 reference machine, two runs beside other jobs (load 6-7; the tree just before e3ffe96, and 6df77ec);
 tests/test_gpu.py runs it for one scale, so the script is known to work before a GPU is lent.
 
+The 2-rank check (issue 27, data parallel): where torch sees 2 GPUs, the paper-length smoke ends with it and
+leaves it DP_CHECK_S (120 s) of --budget-s; with fewer it prints why it was skipped. A small Voting IP cell of
+the real trainer (the toy model, or `--dp-model`; backend hf; sampling_seeds per_call; 3 steps, the first a
+warm-up) runs at 1 rank and at 2 ranks (torchrun, NCCL, one GPU per rank) through benchmarks/bench_dp.py's
+`launch`; it prints each one's step time (generate, update), the collectives' share of the step, the peak GPU
+memory per rank, and whether the 2-rank run sampled the same episodes and computed the same per-role gradient
+metrics. `--dp` runs the check alone; `--dp --cpu-dry-run` runs it on the CPU (gloo), as tests/test_gpu.py does:
+
+    python benchmarks/ops/gpu_smoke.py --dp                  # on a machine with 2 GPUs, ~1-2 minutes
+    python benchmarks/ops/gpu_smoke.py --dp --cpu-dry-run    # the same path on the CPU: ~1 minute here
+
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 
     python benchmarks/ops/gpu_smoke.py --voting                   # on a GPU node: 3 steps x {voting/ip, voting/sp}
@@ -78,6 +89,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -706,8 +718,11 @@ def paper_main(args, argv: list[str]) -> int:
     t0 = time.perf_counter()
     results = []
     scales = args.scales.split(",")
+    # The 2-rank check runs last, in the DP_CHECK_S the scales leave it, where the machine has 2 GPUs.
+    dp_why = "--cpu-dry-run (the CPU version: --dp --cpu-dry-run)" if args.cpu_dry_run else dp_problem(False)
+    budget = args.budget_s - (DP_CHECK_S if dp_why is None else 0)
     for i, scale in enumerate(scales):
-        left = args.budget_s - (time.perf_counter() - t0)
+        left = budget - (time.perf_counter() - t0)
         # The child plans its generation within a fair share of what is left; it may overrun the share (the
         # next scales then get less) but never the whole budget (it is stopped at the deadline).
         share = max(left / (len(scales) - i), MIN_SCALE_S)
@@ -751,12 +766,19 @@ def paper_main(args, argv: list[str]) -> int:
             r["error"] = err or "no result line"
         results.append(r)
         print_scale(r)
+    dp = (
+        {"skipped": f"skipped: {dp_why}"}
+        if dp_why
+        else dp_check(args, args.budget_s - (time.perf_counter() - t0))
+    )
+    print_dp(dp)
     summary = {
         "script": "benchmarks/ops/gpu_smoke.py",
         "argv": argv,
         "budget_s": args.budget_s,
         "wall_s": round(time.perf_counter() - t0, 1),
         "scales": results,
+        "dp": dp,
     }
     print("GPU_SMOKE_JSON " + json.dumps(summary), flush=True)
     return 0 if all("error" not in r for r in results) else 1
@@ -892,6 +914,108 @@ def voting_main(args, argv: list[str]) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------- the 2-rank check
+
+DP_CHECK_S = 120  # the 2-rank check's share of --budget-s when the machine has 2 GPUs
+# Train rows that only read the sampled episodes (equal exactly when the episodes are), and rows computed from
+# the all-reduced gradient (equal within float summation order): a subset of tests/test_dp_train.py's lists.
+EPISODE_METRICS = (
+    "reward_mean",
+    "samples",
+    "tokens",
+    "completion_length",
+    "advantage_mean",
+    "zero_adv_group_frac",
+)
+GRAD_METRICS = ("grad_norm", "grad_contrib_pre", "grad_contrib_post", "grad_share")
+GRAD_RTOL = 1e-5
+
+
+def dp_problem(cpu: bool) -> str | None:
+    """Why the 2-rank check cannot run here, or None: on the GPU it needs one GPU per rank."""
+    import torch
+
+    n = torch.cuda.device_count()
+    return None if cpu or n >= 2 else f"torch sees {n} GPU(s); the 2-rank check needs 2 (one per rank)"
+
+
+def dp_compare(one: list[dict], two: list[dict]) -> dict:
+    """Whether two runs' train rows (marlflow.metrics rows) sampled the same episodes (EPISODE_METRICS equal
+    exactly) and computed the same per-role gradient metrics (GRAD_METRICS within GRAD_RTOL, relative)."""
+    key = lambda r: (r["step"], r["role"], r["metric"])  # noqa: E731
+    a, b = ({key(r): r["value"] for r in rows} for rows in (one, two))
+    ep = [k for k in a if k[2] in EPISODE_METRICS]
+    grad = [k for k in a if k[2] in GRAD_METRICS and k[1] != "all"]
+    rel = max(
+        (abs(a[k] - b.get(k, float("nan"))) / max(abs(a[k]), 1e-12) for k in grad), default=float("nan")
+    )
+    return {"episode_rows": len(ep), "episodes_equal": all(a[k] == b.get(k) for k in ep),
+            "role_grad_rows": len(grad), "role_grad_max_rel_diff": rel,
+            "role_grads_match": bool(grad) and rel <= GRAD_RTOL}  # fmt: skip
+
+
+def dp_check(args, budget_s: float) -> dict:
+    """The 2-rank check (issue 27): a small Voting IP cell of the real trainer (`trainer.train_step` through
+    benchmarks/bench_dp.py's `launch`, sampling_seeds per_call, backend hf, 3 steps, the first a warm-up) at 1
+    rank and at 2 ranks (torchrun; NCCL with one GPU per rank, or gloo on the CPU under --cpu-dry-run). Returns
+    the median step, generate and update seconds, the collectives' share of the step, the peak GPU memory per
+    rank (GB) and `dp_compare`'s verdict."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_dp
+
+    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+
+    cpu = args.cpu_dry_run
+    g = GRPOParams(steps=3, problems_per_step=4 if cpu else 8, group_size=2 if cpu else 4, warmup_steps=0,
+                   lr_scheduler="constant", learning_rate=1e-2, eval_every=3, save_every=0, temperature=1.0,
+                   max_prompt_length=256, max_completion_length=24 if cpu else 64, lora_r=4, lora_alpha=8)  # fmt: skip
+    cfg = RunConfig(run_id="voting-ip-toy-math-s0", workflow="voting", sharing="ip", scale="toy", task_axis="math",
+                    seed=0, preset="gpu_smoke", task=TaskSpec(name="toy_math", eval_size=2), model=str(args.dp_model),
+                    backend="hf", device="cpu" if cpu else "cuda", threads=1, grpo=g)  # fmt: skip
+    t0, out = time.perf_counter(), {"cell": cfg.run_id, "device": cfg.device, "model": cfg.model}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in (1, 2):
+            left = budget_s - (time.perf_counter() - t0)
+            try:
+                r = bench_dp.launch(cfg, ranks, 1, g.steps, Path(tmp), timeout=max(left, 1))
+            except (TimeoutError, RuntimeError) as err:
+                return {**out, "error": f"{ranks} rank(s): {err}"[-2000:]}
+            m = bench_dp.medians([r])
+            out[f"ranks{ranks}"] = {"step_s": m["step_time"], "generate_s": m["time_generate"],
+                                    "update_s": m["time_backward"], "collectives_s": m["comm"],
+                                    "collectives_share": m["share"], "peak_gpu_gb_per_rank": r["peak_gpu_gb"],
+                                    "rows": r["rows"]}  # fmt: skip
+    out.update(dp_compare(out["ranks1"].pop("rows"), out["ranks2"].pop("rows")))
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def print_dp(r: dict) -> None:
+    if "skipped" in r or "error" in r:
+        print(f"\n2-rank check: {r.get('skipped') or 'failed: ' + r['error']}", flush=True)
+        return
+    print(f"\n2-rank check ({r['cell']}, {r['device']}, {r['model']}; {r['wall_s']} s):")
+    for n in (1, 2):
+        x = r[f"ranks{n}"]
+        peak = x["peak_gpu_gb_per_rank"]
+        print(f"  {n} rank(s): step {x['step_s']:.2f} s (generate {x['generate_s']:.2f}, update {x['update_s']:.2f}),"
+              f" collectives {x['collectives_share']:.1%} of the step, peak GPU memory per rank "
+              f"{'n/a' if peak[0] is None else ', '.join(f'{p:.2f} GB' for p in peak)}")  # fmt: skip
+    print(
+        f"  same episodes: {r['episodes_equal']} ({r['episode_rows']} rows); per-role gradient metrics within "
+        f"{GRAD_RTOL:g}: {r['role_grads_match']} (max relative difference {r['role_grad_max_rel_diff']:.2e})"
+    )
+
+
+def dp_main(args) -> int:
+    """`--dp`: the 2-rank check alone; its lines and a GPU_SMOKE_JSON line with {"dp": ...}."""
+    why = dp_problem(args.cpu_dry_run)
+    r = {"skipped": f"skipped: {why}"} if why else dp_check(args, args.budget_s)
+    print_dp(r)
+    print("GPU_SMOKE_JSON " + json.dumps({"script": "benchmarks/ops/gpu_smoke.py", "dp": r}), flush=True)
+    return 2 if why else int("error" in r or not (r["episodes_equal"] and r["role_grads_match"]))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -953,6 +1077,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--lora-r", type=int, default=8, help="--voting: LoRA rank (the paper preset: 64)")
     ap.add_argument("--voting-cell", help=argparse.SUPPRESS)  # internal: run one voting cell in this process
+    # The 2-rank check (also the last part of the paper-length smoke on a machine with 2 GPUs).
+    ap.add_argument("--dp", action="store_true", help="only the 2-rank check (with --cpu-dry-run: gloo, CPU)")
+    ap.add_argument(
+        "--dp-model", default=str(ROOT / "src/marlflow/toy_model"), help="the 2-rank check's model"
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = str(ROOT / "src")
@@ -975,6 +1104,8 @@ def main(argv=None) -> int:
         args.backend = "hf"
     if args.voting:
         return voting_main(args, argv)
+    if args.dp:
+        return dp_main(args)
     unknown = sorted(set(args.scales.split(",")) - set(SCALES))
     if unknown:
         print(

@@ -128,3 +128,37 @@ def test_sweep_removes_only_folders_of_dead_processes(tmp_path):
         (d / "v1").mkdir(parents=True)
     assert sweep_stale_dirs(str(tmp_path)) == [gone]
     assert not gone.exists() and mine.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_ranks_each_with_a_colocated_engine_train_and_exit_cleanly(smol, tmp_path):
+    """Issue 27 item 2: a 2-rank run (torchrun, gloo) with backend vllm, one colocated vLLM engine per rank, trains
+    through `python -m marlflow.train` to DONE with exit 0, and no rank's log has a traceback (vLLM's engine builds
+    its groups on the run's process group; distributed.close leaves that group to vLLM's own shutdown)."""
+    import dataclasses
+
+    import pandas as pd
+
+    sys.path.insert(0, str(PROBE.parent))
+    from vllm_check import make_cfg
+
+    cfg = make_cfg(str(smol))
+    cfg = dataclasses.replace(cfg, ranks=2, sampling_seeds="per_call",
+                              grpo=dataclasses.replace(cfg.grpo, steps=2, problems_per_step=2, eval_every=2,
+                                                       save_every=2))  # fmt: skip
+    path, out, log = tmp_path / "config.json", tmp_path / "run", tmp_path / "train.log"
+    path.write_text(json.dumps(cfg.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(out),
+                           "--log", str(log)], env=env, timeout=840, check=False)  # fmt: skip
+    text = log.read_text()
+    assert proc.returncode == 0, text[-4000:]
+    assert "rank 0 of 2 (torchrun) joined" in text and "rank 1 of 2 (torchrun) joined" in text, text[-4000:]
+    assert "Traceback" not in text, text[text.index("Traceback") - 200 :][:4000]
+    assert json.loads((out / "DONE").read_text())["steps"] == 2
+    m = pd.read_parquet(out / "metrics.parquet")
+    evals = m[(m.split == "eval") & (m.role == "all") & (m.metric == "accuracy")]
+    assert sorted(evals.step) == [0, 2]  # step 0 and the last step, evaluated over both ranks' shards
+    s = pd.read_parquet(out / "samples.parquet")
+    assert set(s.step) == {0, 2} and len(s[s.step == 2]) > 0

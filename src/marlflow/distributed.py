@@ -168,8 +168,17 @@ def init(
 
 
 def close() -> None:
-    """Leave the process group (if any); the process is a single one afterwards."""
+    """Leave the process group (if any); the process is a single one afterwards.
+
+    A colocated vLLM engine (backend vllm, marlflow.vllm_backend) builds its own groups on top of this one, and
+    its shutdown at interpreter exit destroys them and then the default group; destroying the default group
+    first makes that shutdown raise ("Invalid process group specified") in every rank's log. While vLLM's groups
+    exist, the group is left to it."""
     global _ENV
+    vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_groups is not None and vllm_groups.model_parallel_is_initialized():
+        _ENV = Env()
+        return
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _ENV = Env()

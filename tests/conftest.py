@@ -43,3 +43,21 @@ def make_cfg(toy_model_dir):
         )
 
     return make
+
+
+@pytest.fixture
+def preempt_installed():
+    """marlflow.preempt's handlers installed on a clean state; the process's own handlers put back after."""
+    import signal
+
+    from marlflow import preempt
+
+    saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    preempt.reset()
+    preempt.install()
+    try:
+        yield preempt
+    finally:
+        preempt.reset()
+        for s, h in saved.items():
+            signal.signal(s, h)

@@ -171,26 +171,17 @@ def _stop_resume_compare(cfg_path: Path, run: Path, ref: Path, stops: list[tuple
     return errs
 
 
-def test_second_signal_exits_at_once():
+def test_second_signal_exits_at_once(preempt_installed):
     """The first SIGTERM / SIGUSR1 is a request the trainer acts on at its next safe point; a second one (SLURM's
     SIGTERM at the time limit after its SIGUSR1) exits at once with 128 + the signal, as before."""
-    from marlflow import preempt
-
-    saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
-    try:
-        preempt.reset()
-        preempt.install()
-        assert not preempt.requested()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert preempt.requested() and preempt.describe().startswith("SIGUSR1 (received ")
-        with pytest.raises(SystemExit) as exit_:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler runs at the next bytecode; never reached
-        assert exit_.value.code == 128 + signal.SIGTERM
-    finally:
-        preempt.reset()
-        for s, h in saved.items():
-            signal.signal(s, h)
+    preempt = preempt_installed
+    assert not preempt.requested()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert preempt.requested() and preempt.describe().startswith("SIGUSR1 (received ")
+    with pytest.raises(SystemExit) as exit_:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs at the next bytecode; never reached
+    assert exit_.value.code == 128 + signal.SIGTERM
 
 
 def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, caplog):

@@ -64,8 +64,10 @@ warm-up) runs at 1 rank and at 2 ranks (torchrun, NCCL, one GPU per rank) throug
 memory per rank, and whether the 2-rank run sampled the same episodes and computed the same per-role gradient
 metrics. `--dp` runs the check alone; `--dp --cpu-dry-run` runs it on the CPU (gloo), as tests/test_gpu.py does:
 
-    python benchmarks/ops/gpu_smoke.py --dp                  # on a machine with 2 GPUs, ~1-2 minutes
-    python benchmarks/ops/gpu_smoke.py --dp --cpu-dry-run    # the same path on the CPU: ~1 minute here
+    python benchmarks/ops/gpu_smoke.py --dp                  # on a machine with 2 GPUs (not yet run on one)
+    python benchmarks/ops/gpu_smoke.py --dp --cpu-dry-run    # the same path on the CPU (gloo)
+
+(--dp --cpu-dry-run: 58-61 s on the 2-core reference machine beside other jobs, two runs at dd9bd2b.)
 
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 

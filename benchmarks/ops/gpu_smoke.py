@@ -67,7 +67,7 @@ metrics. `--dp` runs the check alone; `--dp --cpu-dry-run` runs it on the CPU (g
     python benchmarks/ops/gpu_smoke.py --dp                  # on a machine with 2 GPUs (not yet run on one)
     python benchmarks/ops/gpu_smoke.py --dp --cpu-dry-run    # the same path on the CPU (gloo)
 
-(--dp --cpu-dry-run: 58-61 s on the 2-core reference machine beside other jobs, two runs at dd9bd2b.)
+(--dp --cpu-dry-run: 37-61 s on the 2-core reference machine beside other jobs, two runs of dd9bd2b's code.)
 
 The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
 

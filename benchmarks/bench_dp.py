@@ -1,8 +1,8 @@
 """Data-parallel step time (issue 27): the trainer's real step at 1 rank x 2 threads vs 2 ranks x 1 thread.
 
-    python benchmarks/bench_dp.py --workflows voting --model src/marlflow/toy_model   # toy preset, 3 rounds x 4 steps
+    python benchmarks/bench_dp.py --workflows voting --model src/marlflow/toy_model  # toy: 3 rounds x 4 steps
     python benchmarks/bench_dp.py --preset smol --model results/models/smol --workflows voting --steps 3
-    python benchmarks/bench_dp.py --quick                  # 1 round, 2 steps: checks that it runs
+    python benchmarks/bench_dp.py --quick --model src/marlflow/toy_model  # 1 round, 2 steps: checks that it runs
 
 Each round starts the two variants as fresh processes, interleaved and alternating in order (harness.interleaved):
 "1x2" is one process with torch at 2 threads; "2x1" is the trainer's own `torchrun --standalone --nproc-per-node 2`

@@ -67,8 +67,25 @@ def setup(args: argparse.Namespace) -> argparse.Namespace:
     torch.set_num_threads(args.threads)
     if args.quick:
         args.reps = 1
+    if getattr(args, "model", None) is not None:
+        args.model = _model_folder(args.model)
     print(environment(), flush=True)
     return args
+
+
+def _model_folder(model: str) -> str:
+    """`model` if it is a folder or a hub id; the shipped toy model when the default results/models/toy has not
+    been copied yet (a checkout before `make run`: the two hold the same weights); else exit with the fix."""
+    if Path(model).is_dir() or (
+        not model.startswith((".", "/", "results/", "src/")) and model.count("/") == 1
+    ):
+        return model
+    if Path(model) == Path("results/models/toy"):
+        from marlflow.models import SHIPPED_TOY
+
+        print(f"{model} not there yet (`make run` copies it): using the shipped toy model {SHIPPED_TOY}")
+        return str(SHIPPED_TOY)
+    raise SystemExit(f"--model {model}: no such folder; pass a model folder (e.g. src/marlflow/toy_model)")
 
 
 def commit() -> str:

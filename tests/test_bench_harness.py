@@ -35,9 +35,12 @@ def test_report_gives_medians_and_ratios_to_the_base(harness):
     assert harness.report(times, base="base") == "base 2.000 s, fast 0.500 s (x0.25)"
 
 
-def test_quick_means_one_round_and_the_environment_line_names_what_numbers_depend_on(harness, capsys):
+def test_quick_means_one_round_and_the_environment_line_names_what_numbers_depend_on(harness, capsys, tmp_path,
+                                                                                   monkeypatch):  # fmt: skip
     import torch
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results/models/toy").mkdir(parents=True)  # the default, as `make run` leaves it
     threads = torch.get_num_threads()
     try:
         args = harness.setup(harness.parser("doc", reps=7).parse_args(["--quick"]))
@@ -47,6 +50,19 @@ def test_quick_means_one_round_and_the_environment_line_names_what_numbers_depen
     line = capsys.readouterr().out
     assert "kernels" in line and "torch " in line and "1 thread(s)" in line
     assert f"commit {harness.commit().split('+')[0]}" in line and harness.commit() != "unknown"
+
+
+def test_a_checkout_before_make_run_benchmarks_the_shipped_toy_and_a_wrong_model_path_says_so(
+    harness, tmp_path, monkeypatch, capsys
+):
+    from marlflow.models import SHIPPED_TOY
+
+    monkeypatch.chdir(tmp_path)  # no results/models/toy here
+    assert harness._model_folder("results/models/toy") == str(SHIPPED_TOY)
+    assert "using the shipped toy model" in capsys.readouterr().out
+    assert harness._model_folder("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # a hub id is left to the loader
+    with pytest.raises(SystemExit, match="results/models/tiny: no such folder"):
+        harness._model_folder("results/models/tiny")
 
 
 def test_toy_cells_pick_one_run_per_workflow(harness):

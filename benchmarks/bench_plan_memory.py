@@ -21,13 +21,15 @@ freed tensors leave RSS and the warm-up's memory is not silently reused. The pre
 what a chunk adds on top of the resident model, adapters and optimizer.
 
 Models: toy (built into /tmp by marlflow.toybuild with a short warm start), smol (results/models/smol, `make
-smol-setup`), and random models of Qwen3-0.6B's widths (hidden 1024, intermediate 3072, 16/8 heads, head_dim
-128) with 1-2 layers, the real vocabulary (151,936) and SmolLM2's tokenizer (token ids < 49,152). Threads: 1.
+smol-setup`), and random models of Qwen3-0.6B's widths (marlflow.plan.HUB_SHAPES: hidden 1024, intermediate
+3072, 16/8 heads, head_dim 128) with 1-2 layers, the real vocabulary (151,936) and SmolLM2's tokenizer (token
+ids < 49,152). Threads: 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -150,20 +152,15 @@ def _random_qwen06(layers: int) -> Path:
     import torch
     import transformers
 
+    from marlflow.plan import HUB_SHAPES
+
     out = WORK / f"qwen06w-{layers}l"
     if (out / "config.json").is_file():
         return out
-    cfg = transformers.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        max_position_embeddings=40960,
-    )
+    # rope_theta: transformers' default, which the measurements in benchmarks/RESULTS.md were taken with (it
+    # changes no tensor's size, so no memory figure).
+    shape = dataclasses.replace(HUB_SHAPES["Qwen/Qwen3-0.6B"], layers=layers)
+    cfg = shape.hf_config(rope_theta=10_000.0)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     tok = transformers.AutoTokenizer.from_pretrained(ROOT / "results/models/smol")

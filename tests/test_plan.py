@@ -4,6 +4,7 @@ predicted not to fit its GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -105,6 +106,38 @@ def test_planner_packs_chunks_as_the_trainer_does():
             calls.append(call)
         got = pieces(list(range(len(calls))), calls, c.micro_batch_size, c.max_chunk_tokens)
         assert max(len(p) for slot_pieces in got for p in slot_pieces) == chunk.calls, (mb, budget)
+
+
+def test_hub_shape_as_a_transformers_config_is_the_published_one_and_reads_back(tmp_path):
+    """ModelShape.hf_config of HUB_SHAPES' Qwen3-0.6B has the values of its published config.json (the URL in
+    its source); a config.json saved from each hub shape's config, and from a 2-layer one, reads back through
+    model_shape as the same shape; widths cannot be overridden past the shape, and a non-Qwen3 shape is refused."""
+    shape = plan.HUB_SHAPES["Qwen/Qwen3-0.6B"]
+    cfg = shape.hf_config()
+    published = {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+    }
+    assert {k: getattr(cfg, k) for k in published} == published
+    assert cfg.rope_parameters["rope_theta"] == 1_000_000
+    shapes = [*plan.HUB_SHAPES.values(), dataclasses.replace(shape, layers=2)]
+    for i, s in enumerate(shapes):
+        folder = tmp_path / str(i)
+        s.hf_config().save_pretrained(folder)
+        assert plan.model_shape(str(folder)) == dataclasses.replace(s, source=str(folder / "config.json"))
+    with pytest.raises(ValueError, match="hidden_size"):
+        shape.hf_config(hidden_size=2048)
+    with pytest.raises(ValueError, match="not a Qwen3 shape"):
+        plan.FALLBACK_SHAPES["smol"].hf_config()
 
 
 def test_activation_fit_reproduces_the_measured_widths():

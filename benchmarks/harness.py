@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from marlflow.environment import source_commit
 from marlflow.workflows.spec import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,33 +89,18 @@ def _model_folder(model: str) -> str:
 
 def commit() -> str:
     """The checkout's short commit, "+dirty" when tracked files differ from it; "unknown" outside git."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else platform.processor() or the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return source_commit(ROOT, short=True) or "unknown"
 
 
 def environment() -> str:
     """One line naming what a number depends on: CPU, cores, torch and its kernel level, threads, commit."""
     import torch
 
+    from marlflow.toybuild import cpu_info
+
     return (
-        f"machine: {cpu_name()}, {os.cpu_count()} cores, kernels {torch.backends.cpu.get_cpu_capability()}; "
+        f"machine: {cpu_info()['cpu_model']}, {os.cpu_count()} cores, "
+        f"kernels {torch.backends.cpu.get_cpu_capability()}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); commit {commit()}"
     )
 

@@ -37,7 +37,8 @@ if _mismatch:
 # Outputs are what `python -m marlflow.train` writes (its docstring; tests/test_rules.py checks a real run
 # against them). RUN/checkpoints/ is deliberately not an output: it is the job's resume state, and
 # Snakemake deletes a job's outputs before it runs and after it fails, which would throw away exactly
-# what a rerun resumes from.
+# what a rerun resumes from. Nor is RUN/environment.jsonl (marlflow.environment): each attempt appends the
+# machine it starts on, and deleting it would lose the machines of the attempts before.
 rule train:
     input:
         config="results/runs/{run_id}/config.json",

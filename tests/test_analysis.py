@@ -651,6 +651,46 @@ def test_evidence_collect_pools_several_checkouts_with_each_commit(tmp_path):
     assert evidence.render("pooled", tmp_path / "evidence", check=True) == []
 
 
+def test_evidence_collect_groups_the_runs_environments(tmp_path):
+    """provenance.json names where the runs trained (their environment.jsonl, marlflow.environment): one entry per
+    distinct environment with its hosts and runs, a start that a later fresh start discarded left out, and the
+    runs with no record listed apart (their only record is the collecting machine's cpu / torch fields)."""
+    from marlflow import environment
+    from marlflow.analysis import evidence
+
+    recorded, older = list(build_runs().items())[:2]
+    results = tmp_path / "checkout" / "results"
+    for rid, df in (recorded, older):
+        (results / "runs" / rid).mkdir(parents=True)
+        df.to_parquet(results / "runs" / rid / "metrics.parquet")
+        (results / "runs" / rid / "config.json").write_text(json.dumps({"run_id": rid, "model": "m"}))
+    (results / "tables").mkdir()
+    summarize_runs(pd.concat([recorded[1], older[1]])).to_parquet(results / "tables" / "summary.parquet")
+    env = {"cpu_model": "Xeon", "cpu_flags": ["avx2"], "torch": "2.13.0+cpu", "torch_cpu_capability": "AVX512",
+           "cuda_device": "", "torch_threads": 2, "omp_num_threads": "1", "ranks": 1, "marlflow": "0.1.0",
+           "commit": "abc"}  # fmt: skip
+    starts = [
+        {
+            **env,
+            "torch": "2.12.0+cpu",
+            "step": 0,
+            "time": "t0",
+            "hostname": "old",
+            "hosts": ["old"],
+        },  # discarded
+        {**env, "step": 0, "time": "t1", "hostname": "node1", "hosts": ["node1"]},
+        {**env, "step": 20, "time": "t2", "hostname": "node2", "hosts": ["node2"]},  # resumed on another node
+    ]
+    (results / "runs" / recorded[0] / environment.ENVIRONMENT_FILE).write_text(
+        "".join(json.dumps(r) + "\n" for r in starts)
+    )
+    out = evidence.collect("envs", results, "a test", out_root=tmp_path / "evidence")
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["environments"] == [{**env, "hosts": ["node1", "node2"], "runs": [recorded[0]]}]
+    assert prov["unrecorded_runs"] == [older[0]]
+    assert set(prov["cpu"]) == {"model", "flags", "cores"} and prov["torch"] and "omp_num_threads" in prov
+
+
 def test_headline_peaks_never_select_on_test_outcomes():
     """Two matrices that differ only in the test accuracy of steps the validation problems did not pick (a
     spike of 0.99 at step 10 in every run) give identical held-out peaks, steps, peak / terminal numbers, SP - IP

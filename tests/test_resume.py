@@ -218,3 +218,71 @@ def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, 
         "checkpoints",
         moved.name,
     ]
+
+
+def test_each_start_records_where_it_trains(make_cfg, tmp_path):
+    """Every start of training appends one line to RUN/environment.jsonl (marlflow.environment): a fresh run at
+    step 0, a rerun after a kill at the step of the checkpoint it resumes; no checkpoint holds the file."""
+    import re
+    import shutil
+    import socket
+
+    from marlflow import environment
+    from marlflow import train as T
+    from marlflow.toybuild import cpu_info
+
+    cfg = make_cfg("single", "sp", steps=2, eval_every=2, save_every=1)
+    run = tmp_path / "run"
+    T.run(cfg, run)
+    (first,) = environment.read(run)
+    assert set(first) == {"step", "time", "hostname", "hosts", "cpu_model", "cpu_flags", "torch",
+                          "torch_cpu_capability", "cuda_device", "torch_threads", "omp_num_threads", "ranks",
+                          "marlflow", "commit"}  # fmt: skip
+    assert first["step"] == 0 and first["ranks"] == 1 and first["hosts"] == [socket.gethostname()]
+    assert first["hostname"] == socket.gethostname()
+    assert {k: first[k] for k in ("cpu_model", "cpu_flags")} == cpu_info()
+    assert first["torch"] == torch.__version__
+    assert first["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert first["cuda_device"] == "" and first["torch_threads"] == cfg.threads
+    assert first["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", "")
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", first["commit"])  # the tests run in a checkout
+    # killed after step 1's checkpoint: the rerun resumes there, on "another machine" (here the same)
+    shutil.rmtree(run / "checkpoints" / "step-2")
+    (run / "DONE").unlink()
+    T.run(cfg, run)
+    kept, resumed = environment.read(run)
+    assert kept == first and resumed["step"] == 1 and resumed["time"] >= first["time"]
+    assert {k: v for k, v in resumed.items() if k not in ("step", "time")} == {
+        k: v for k, v in first.items() if k not in ("step", "time")
+    }
+    assert not list((run / "checkpoints").rglob(environment.ENVIRONMENT_FILE))
+    assert environment.since_fresh_start([first, resumed, {**first, "step": 0}, resumed]) == [
+        {**first, "step": 0},
+        resumed,
+    ]
+
+
+def test_source_commit_is_empty_outside_a_checkout_and_marks_changes(tmp_path):
+    """environment.source_commit (the commit in environment.jsonl and benchmarks' environment line): HEAD of the
+    checkout that tracks the folder, +dirty after an edit, "" for a folder no checkout tracks."""
+    import subprocess
+
+    from marlflow.environment import source_commit
+
+    assert source_commit(tmp_path) == ""
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "a.py").write_text("1\n")
+    (repo / "ignored").mkdir()
+    (repo / ".gitignore").write_text("ignored/\n")
+    subprocess.run([*git, "add", "pkg", ".gitignore"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert source_commit(repo / "pkg") == head
+    assert source_commit(repo / "ignored") == ""  # e.g. an installed package inside the checkout's .venv
+    (repo / "pkg" / "a.py").write_text("2\n")
+    assert source_commit(repo / "pkg") == head + "+dirty"
+    short = source_commit(repo / "pkg", short=True)
+    assert short.endswith("+dirty") and head.startswith(short.removesuffix("+dirty")) and len(short) < 40

@@ -3,8 +3,9 @@
 `test_smoke_pipeline_writes_only_declared_files` runs the `smoke` preset (3 runs of 2 steps, aggregate,
 report) end to end with Snakemake in a temp folder, on the session's offline toy model, then compares every
 file under results/ with what `snakemake --summary` (outputs and logs) and the jobs' `benchmark:` files
-declare. One thing is undeclared on purpose: RUN/checkpoints/, the train job's resume state (see
-rules/train.smk for why it must not be an output).
+declare. Two things are undeclared on purpose: RUN/checkpoints/, the train job's resume state (see
+rules/train.smk for why it must not be an output), and RUN/environment.jsonl, where each start of training
+ran (marlflow.environment), which a resumed job appends to.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def _declared(workdir: Path, args: list[str]) -> tuple[set[str], set[str]]:
 
 @pytest.mark.slow
 def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
+    from marlflow import environment
+
     work = tmp_path / "work"
     model = work / "results" / "models" / "toy"
     shutil.copytree(toy_model_dir, model)
@@ -118,13 +121,16 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
         if path.is_dir() and any(path.iterdir()):
             continue  # a folder is judged by its files
         inside = any(rel == d or rel.startswith(d + "/") for d in folders)
-        resume_state = re.match(r"results/runs/([^/]+/checkpoints|\.base-evals)(/|$)", rel)
-        if rel not in files and not inside and not resume_state:
+        on_purpose = re.match(
+            r"results/runs/([^/]+/checkpoints|[^/]+/environment\.jsonl|\.base-evals)(/|$)", rel
+        )
+        if rel not in files and not inside and not on_purpose:
             undeclared.append(rel + ("/ (empty folder)" if path.is_dir() else ""))
     assert not undeclared, "written but not declared by any rule:\n" + "\n".join(undeclared)
     for run_id in runs:
         run = work / "results" / "runs" / run_id
         assert (run / "DONE").is_file() and (run / "final" / "README.md").is_file()
+        assert [r["step"] for r in environment.read(run)] == [0]
         assert f"results/benchmarks/train/{run_id}.tsv" in files
         assert (work / f"results/benchmarks/train/{run_id}.tsv").is_file()
     # Every file declared is there (a rule that declares more than it writes would fail the job anyway).

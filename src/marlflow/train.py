@@ -11,6 +11,9 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
     RUN_DIR/final/<policy>/   the last step's adapters for PeftModel.from_pretrained + model card (marlflow.final)
     RUN_DIR/DONE              JSON with the final step and accuracy
 
+and, at every start of training (fresh or resumed), one line appended to RUN_DIR/environment.jsonl: the host,
+CPU, torch, GPU, threads, ranks and commit it trains with (marlflow.environment; provenance only, not an output).
+
 --log LOG sends the process's stdout and stderr to LOG (the train rule's log); a previous attempt's LOG (a
 killed or preempted job that is now resumed) is first renamed to LOG.attempt-1, -2, ... so every attempt
 keeps its own log.

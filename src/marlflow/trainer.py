@@ -52,7 +52,7 @@ from transformers import get_scheduler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from marlflow import checkpoint, distributed, evaluation, preempt
+from marlflow import checkpoint, distributed, environment, evaluation, preempt
 from marlflow import interventions as itv
 from marlflow import rollout as ro
 from marlflow import update as upd
@@ -689,7 +689,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _fit(self) -> pd.DataFrame:
         g = self.cfg.grpo
-        if self.restore():  # the newest eval accuracy among the restored rows, read once
+        resumed = self.restore()
+        # where this start trains, beside the run's outputs but in none of them (marlflow.environment)
+        environment.record_start(self.out_dir, self.step, self.cfg.device)
+        if resumed:  # the newest eval accuracy among the restored rows, read once
             accs = [r["value"] for r in self.metric_rows if r["split"] == "eval" and r["role"] == "all"
                     and r["metric"] == "accuracy"]  # fmt: skip
             self.last_acc = accs[-1] if accs else None

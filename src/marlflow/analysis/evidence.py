@@ -3,7 +3,15 @@
 An experiment's evidence is a folder results/evidence/<experiment>/ holding
     metrics.parquet    every run's metrics rows (marlflow.metrics schema), the data everything is computed from
     summary.parquet    the aggregate's per-run summary of those runs, as the run's pipeline wrote it
-    provenance.json    commit, toy weights hash, CPU model and kernel flags, torch version, threads, command
+    provenance.json    commit, toy weights hash, command, the runs' threads, and where they trained:
+                       environments     each distinct environment the runs trained in (their
+                                        environment.jsonl lines, marlflow.environment, less step, time and
+                                        host names): its fields, the hosts and the run ids that used it
+                       unrecorded_runs  runs without environment.jsonl (trained before it existed)
+                       cpu, torch, omp_num_threads, python: the collecting machine, which is the runs' own
+                                        only where they trained there; for unrecorded runs it is all there is
+                                        (cpu's flags: toybuild.cpu_info's kernel flags; folders collected
+                                        before it list avx2, avx512f, avx512_bf16, amx_bf16, amx_tile only)
     tables/<name>.md   the tables rendered from metrics.parquet (summary, summary_by_cell, contrasts, claims,
                        interventions), exactly as `render` writes them
 
@@ -30,24 +38,42 @@ from pathlib import Path
 
 import pandas as pd
 
+from marlflow import environment
 from marlflow.metrics import atomic_write_json, atomic_write_parquet, atomic_write_text, validate_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 EVIDENCE = ROOT / "results" / "evidence"
 TABLES = ("summary", "summary_by_cell", "contrasts", "claims", "interventions")
 QUOTE = re.compile(r"<!-- evidence: ([\w.-]+)/([\w.-]+)\.md -->\n(.*?)<!-- /evidence -->", re.S)
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that change toy kernels
 
 
 def cpu() -> dict:
-    """The CPU's model name and the kernel-relevant flags it has (Linux /proc/cpuinfo; else platform's)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"model": platform.processor(), "flags": []}
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count()}
+    """This (the collecting) machine's CPU: model name, kernel-relevant flags (toybuild.cpu_info) and cores."""
+    from marlflow.toybuild import cpu_info  # imports torch: only when collecting
+
+    info = cpu_info()
+    return {"model": info["cpu_model"], "flags": info["cpu_flags"], "cores": os.cpu_count()}
+
+
+def environments(run_dirs: dict[str, Path]) -> tuple[list[dict], list[str]]:
+    """(environments, unrecorded run ids) of run id -> run folder: each distinct environment the runs' results
+    were trained in (environment.since_fresh_start of its environment.jsonl; environment.WHEN_AND_WHERE left
+    out of what makes one distinct) with the hosts and run ids that used it, in order of first use."""
+    found: dict[str, dict] = {}
+    unrecorded = []
+    for run_id, folder in run_dirs.items():
+        starts = environment.since_fresh_start(environment.read(folder))
+        if not starts:
+            unrecorded.append(run_id)
+        for r in starts:
+            env = {k: v for k, v in r.items() if k not in environment.WHEN_AND_WHERE}
+            entry = found.setdefault(json.dumps(env, sort_keys=True), {**env, "hosts": [], "runs": []})
+            for host in r["hosts"]:
+                if host not in entry["hosts"]:
+                    entry["hosts"].append(host)
+            if run_id not in entry["runs"]:
+                entry["runs"].append(run_id)
+    return list(found.values()), unrecorded
 
 
 def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
@@ -110,6 +136,7 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
         summary = summarize_runs(validate_metrics(metrics))
     atomic_write_parquet(summary, out / "summary.parquet")
     commits = list(dict.fromkeys(src[4] for src in sources))
+    envs, unrecorded = environments({c["run_id"]: p.parent for p, c in zip(runs, configs, strict=True)})
     extra = {}
     if len(sources) > 1:
         extra["sources"] = [{"results": str(f), "commit": c, "runs": [json.loads((p.parent / "config.json")
@@ -123,6 +150,8 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
             "command": command,
             "runs": [c["run_id"] for c in configs],
             "weights_sha256": warm,
+            "environments": envs,
+            "unrecorded_runs": unrecorded,
             "cpu": cpu(),
             "torch": torch.__version__,
             "threads": sorted({c.get("threads", 1) for c in configs}),

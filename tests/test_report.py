@@ -411,6 +411,13 @@ def test_findings_box(tmp_path, signal_runs):
         cfg = json.loads(cfg_path.read_text())
         cfg.update(model=str(SHIPPED_TOY if i == 0 else rebuilt), threads=1)
         cfg_path.write_text(json.dumps(cfg))
+    # the first run says where it trained (marlflow.environment), the others recorded nothing
+    env = {"cpu_model": "AMD EPYC 9R14", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "torch": "2.13.0+cpu",
+           "torch_cpu_capability": "AVX512", "cuda_device": "", "torch_threads": 1, "omp_num_threads": "1",
+           "ranks": 1, "marlflow": "0.1.0", "commit": "abc"}  # fmt: skip
+    Path(signal_runs[0]).with_name("environment.jsonl").write_text(
+        json.dumps({**env, "step": 0, "time": "t", "hostname": "node7", "hosts": ["node7"]}) + "\n"
+    )
     page = build(tmp_path, signal_runs)["report.html"].read_text()
     box = findings_box(page)
     assert page.index("id='findings'") < page.index("id='provenance'") < page.index("id='runs'")
@@ -453,7 +460,13 @@ def test_findings_box(tmp_path, signal_runs):
     assert "in-sample, optimistic; no finding uses it" in page
     # provenance: the machine, torch, threads and each toy model's hash, CPU and whether it is the shipped one
     shipped = json.loads((SHIPPED_TOY / "warmstart.json").read_text())["weights_sha256"]
-    for text in ("CPU (where the report was built)", "torch kernels: ", "torch threads per run (config.json)</td><td>1",
+    others = sorted(
+        json.loads(Path(p).with_name("config.json").read_text())["run_id"] for p in signal_runs[1:]
+    )
+    for text in ("CPU where 1 of 4 runs trained (environment.jsonl)</td><td>AMD EPYC 9R14 (AVX512-BF16, AVX512, "
+                 "AVX2); torch kernels: AVX512; torch 2.13.0+cpu; 1 torch thread(s); hosts node7",
+                 f"runs that recorded no environment.jsonl</td><td>{', '.join(others)}",
+                 "CPU (where the report was built)", "torch kernels: ", "torch threads per run (config.json)</td><td>1",
                  f"weights_sha256 {shipped}, the model marlflow ships",
                  f"weights_sha256 f2d79678{'0' * 56}, not the shipped model ({shipped[:16]}...)",
                  "built on AMD EPYC 9R14 (AVX512-BF16, AVX512, AVX2) with torch 2.13.0+cpu, 2 threads",

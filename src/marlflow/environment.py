@@ -16,7 +16,8 @@ appends, each time training starts (fresh at step 0 or resumed at the checkpoint
 
 The file is provenance only: it is no Snakemake output, no checkpoint holds it and no config fingerprint reads
 it, so two runs that trained alike compare equal whatever machines they ran on (tests/test_resume.py).
-`python -m marlflow.analysis.evidence collect` groups its lines into provenance.json's `environments`.
+`python -m marlflow.analysis.evidence collect` groups its lines (`distinct`) into provenance.json's
+`environments`; the report's Provenance section names each one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from marlflow.metrics import atomic_write_text
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # Fields that say when and where a start happened rather than what it ran with: two starts that differ only
-# in them ran in the same environment (evidence.environments groups on the other fields).
+# in them ran in the same environment (`distinct` groups on the other fields).
 WHEN_AND_WHERE = ("step", "time", "hostname", "hosts")
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -108,3 +109,24 @@ def record_start(run_dir: str | os.PathLike, step: int, device: str) -> None:
         return
     lines = [json.dumps(r, sort_keys=True) for r in [*read(run_dir), record(step, device, hosts)]]
     atomic_write_text(Path(run_dir) / ENVIRONMENT_FILE, "\n".join(lines) + "\n")
+
+
+def distinct(run_dirs: dict[str, Path]) -> tuple[list[dict], list[str]]:
+    """(environments, unrecorded run ids) of run id -> run folder: each distinct environment the runs' results
+    were trained in (since_fresh_start of its environment.jsonl; WHEN_AND_WHERE left
+    out of what makes one distinct) with the hosts and run ids that used it, in order of first use."""
+    found: dict[str, dict] = {}
+    unrecorded = []
+    for run_id, folder in run_dirs.items():
+        starts = since_fresh_start(read(folder))
+        if not starts:
+            unrecorded.append(run_id)
+        for r in starts:
+            env = {k: v for k, v in r.items() if k not in WHEN_AND_WHERE}
+            entry = found.setdefault(json.dumps(env, sort_keys=True), {**env, "hosts": [], "runs": []})
+            for host in r["hosts"]:
+                if host not in entry["hosts"]:
+                    entry["hosts"].append(host)
+            if run_id not in entry["runs"]:
+                entry["runs"].append(run_id)
+    return list(found.values()), unrecorded

@@ -48,7 +48,6 @@ import math
 import os
 import platform
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from marlflow import environment
 from marlflow.analysis import DEFINITIONS, load_runs
 from marlflow.analysis.curves import eval_curves, eval_sizes, peak_se, wide
 from marlflow.analysis.definitions import FORMAT_RISE, TOY_BASE_BAND
@@ -239,18 +239,11 @@ def _read_json(path: Path) -> dict:
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
     """HEAD of the repository the report is built in ('+ uncommitted changes' when tracked files differ), or
-    'unknown (not a git checkout)'."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=20
-        )
-        if head.returncode != 0:
-            return "unknown (not a git checkout)"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=20)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
-    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+    'unknown (not a git checkout)' (environment.source_commit)."""
+    commit = environment.source_commit(cwd or os.getcwd())
+    if not commit:
+        return "unknown (not a git checkout)"
+    return commit.replace("+dirty", " + uncommitted changes")
 
 
 def package_versions() -> dict[str, str]:
@@ -713,19 +706,36 @@ def cpu_text(model: str, flags: Sequence[str]) -> str:
     return f"{model or 'unknown CPU'} ({', '.join(have) or 'no AVX2'})"
 
 
-def machine_provenance() -> list[tuple[str, str]]:
-    """The CPU (toybuild.cpu_info: /proc/cpuinfo), torch's kernel capability and torch version of the machine
-    the report is built on (the runs' machine when the matrix ran locally)."""
+def machine_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
+    """Where the runs trained: one line per distinct environment their environment.jsonl records
+    (marlflow.environment: CPU and its kernels, torch, GPU, hosts); for runs that recorded none (trained before
+    it existed) the CPU, kernels and torch of the machine the report is built on (toybuild.cpu_info)."""
     import torch
 
     from marlflow.toybuild import cpu_info  # imports torch: only when a report is built
 
-    info = cpu_info()
-    return [
-        ("CPU (where the report was built)", cpu_text(info["cpu_model"], info["cpu_flags"])
-         + f"; torch kernels: {torch.backends.cpu.get_cpu_capability()}"),
-        ("torch", torch.__version__),
-    ]  # fmt: skip
+    envs, unrecorded = environment.distinct(
+        {rid: i["folder"] for rid, i in run_info.items() if i.get("folder") is not None}
+    )
+    unrecorded += [rid for rid, i in run_info.items() if i.get("folder") is None]
+    out = []
+    for e in envs:
+        gpu = f"; GPU {e['cuda_device']}" if e.get("cuda_device") else ""
+        out.append((
+            f"CPU where {len(e['runs'])} of {len(run_info)} runs trained (environment.jsonl)",
+            f"{cpu_text(e['cpu_model'], e['cpu_flags'])}; torch kernels: {e['torch_cpu_capability']}; "
+            f"torch {e['torch']}{gpu}; {e['torch_threads']} torch thread(s); hosts {', '.join(e['hosts'])}",
+        ))  # fmt: skip
+    if unrecorded or not envs:  # the runs' own machine only if the matrix ran where the report is built
+        info = cpu_info()
+        out += [
+            ("CPU (where the report was built)", cpu_text(info["cpu_model"], info["cpu_flags"])
+             + f"; torch kernels: {torch.backends.cpu.get_cpu_capability()}"),
+            ("torch (where the report was built)", torch.__version__),
+        ]  # fmt: skip
+        if envs:
+            out.append(("runs that recorded no environment.jsonl", ", ".join(sorted(unrecorded))))
+    return out
 
 
 def toy_model_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
@@ -780,7 +790,7 @@ def provenance_section(
             else "not logged",
         ),
         ("evaluation wall time (sum of time_eval over runs)", eval_time_text(metrics, float(secs.sum()))),
-        *machine_provenance(),
+        *machine_provenance(run_info),
         ("torch threads per run (config.json)", ", ".join(threads) or "unknown"),
         *toy_model_provenance(run_info),
     ]

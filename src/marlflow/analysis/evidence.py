@@ -55,27 +55,6 @@ def cpu() -> dict:
     return {"model": info["cpu_model"], "flags": info["cpu_flags"], "cores": os.cpu_count()}
 
 
-def environments(run_dirs: dict[str, Path]) -> tuple[list[dict], list[str]]:
-    """(environments, unrecorded run ids) of run id -> run folder: each distinct environment the runs' results
-    were trained in (environment.since_fresh_start of its environment.jsonl; environment.WHEN_AND_WHERE left
-    out of what makes one distinct) with the hosts and run ids that used it, in order of first use."""
-    found: dict[str, dict] = {}
-    unrecorded = []
-    for run_id, folder in run_dirs.items():
-        starts = environment.since_fresh_start(environment.read(folder))
-        if not starts:
-            unrecorded.append(run_id)
-        for r in starts:
-            env = {k: v for k, v in r.items() if k not in environment.WHEN_AND_WHERE}
-            entry = found.setdefault(json.dumps(env, sort_keys=True), {**env, "hosts": [], "runs": []})
-            for host in r["hosts"]:
-                if host not in entry["hosts"]:
-                    entry["hosts"].append(host)
-            if run_id not in entry["runs"]:
-                entry["runs"].append(run_id)
-    return list(found.values()), unrecorded
-
-
 def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
     """name -> markdown of each TABLES table, computed from metrics rows by the aggregate step's code."""
     from marlflow.aggregate import build_tables
@@ -136,7 +115,9 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
         summary = summarize_runs(validate_metrics(metrics))
     atomic_write_parquet(summary, out / "summary.parquet")
     commits = list(dict.fromkeys(src[4] for src in sources))
-    envs, unrecorded = environments({c["run_id"]: p.parent for p, c in zip(runs, configs, strict=True)})
+    envs, unrecorded = environment.distinct(
+        {c["run_id"]: p.parent for p, c in zip(runs, configs, strict=True)}
+    )
     extra = {}
     if len(sources) > 1:
         extra["sources"] = [{"results": str(f), "commit": c, "runs": [json.loads((p.parent / "config.json")

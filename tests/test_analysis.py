@@ -651,6 +651,30 @@ def test_evidence_collect_pools_several_checkouts_with_each_commit(tmp_path):
     assert evidence.render("pooled", tmp_path / "evidence", check=True) == []
 
 
+def test_evidence_collect_copies_the_summary_a_preset_wrote_for_exactly_its_runs(tmp_path):
+    """A non-default preset's aggregate writes results/presets/<preset>/tables/summary.parquet: collect copies
+    that file (as the pipeline wrote it, here marked by a base no recomputation gives) when it covers exactly the
+    collected runs, and computes the summary from the metrics when no file does."""
+    from marlflow.analysis import evidence
+
+    runs = dict(list(build_runs().items())[:2])
+    results = tmp_path / "checkout" / "results"
+    for rid, df in runs.items():
+        (results / "runs" / rid).mkdir(parents=True)
+        df.to_parquet(results / "runs" / rid / "metrics.parquet")
+        (results / "runs" / rid / "config.json").write_text(json.dumps({"run_id": rid, "model": "m"}))
+    written = summarize_runs(pd.concat(runs.values())).assign(base=0.123)
+    (results / "presets" / "p" / "tables").mkdir(parents=True)
+    written.iloc[:1].to_parquet(
+        results / "presets" / "p" / "tables" / "summary.parquet"
+    )  # one run: not these
+    out = evidence.collect("computed", results, "a test", out_root=tmp_path / "evidence")
+    assert (pd.read_parquet(out / "summary.parquet")["base"] != 0.123).all()
+    written.to_parquet(results / "presets" / "p" / "tables" / "summary.parquet")
+    out = evidence.collect("copied", results, "a test", out_root=tmp_path / "evidence")
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "summary.parquet"), written)
+
+
 def test_evidence_collect_groups_the_runs_environments(tmp_path):
     """provenance.json names where the runs trained (their environment.jsonl, marlflow.environment): one entry per
     distinct environment with its hosts and runs, a start that a later fresh start discarded left out, and the

@@ -88,11 +88,26 @@ def _source(results: Path) -> tuple[list[Path], list[dict], dict, str]:
     return runs, configs, warm, commit
 
 
+def _pipeline_summary(results: Path, run_ids: set[str]) -> pd.DataFrame | None:
+    """The summary.parquet the pipeline's aggregate step wrote for exactly these runs: results/tables/ (the default
+    preset) or results/presets/<preset>/tables/ (any other); None when there is none to copy."""
+    for path in [
+        results / "tables" / "summary.parquet",
+        *sorted(results.glob("presets/*/tables/summary.parquet")),
+    ]:
+        if path.is_file():
+            summary = pd.read_parquet(path)
+            if set(summary["run_id"]) == run_ids:
+                return summary
+    return None
+
+
 def collect(experiment: str, results: Path | list[Path], command: str, out_root: Path = EVIDENCE) -> Path:
     """Copy an experiment's data (results/runs/*/metrics.parquet of one or several results/ folders) into
     out_root/experiment with provenance.json, then render its tables. Returns the folder.
 
-    One folder: its pipeline's results/tables/summary.parquet is copied and provenance names its commit.
+    One folder: the summary its pipeline's aggregate step wrote for these runs (results/tables/ or
+    results/presets/<preset>/tables/) is copied, else computed here; provenance names its commit.
     Several (runs of one experiment trained in several checkouts, e.g. toy_seeds' build 0 and build 1):
     the summary is computed from the pooled metrics here, and provenance lists each folder's commit and runs
     under `sources` (`commit` lists them all)."""
@@ -109,10 +124,8 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
     metrics, _ = load_runs(runs)
     out = out_root / experiment
     atomic_write_parquet(validate_metrics(metrics), out / "metrics.parquet")
-    if len(sources) == 1:
-        summary = pd.read_parquet(sources[0][0] / "tables" / "summary.parquet")
-    else:
-        summary = summarize_runs(validate_metrics(metrics))
+    pipeline = _pipeline_summary(sources[0][0], {c["run_id"] for c in configs}) if len(sources) == 1 else None
+    summary = summarize_runs(validate_metrics(metrics)) if pipeline is None else pipeline
     atomic_write_parquet(summary, out / "summary.parquet")
     commits = list(dict.fromkeys(src[4] for src in sources))
     envs, unrecorded = environment.distinct(

@@ -323,3 +323,65 @@ def test_results_three_seed_numbers_come_from_the_committed_evidence():
         f"Orch-Workers math base {o1['base'].min():.3f}–{o1['base'].max():.3f}, held-out peak {pk.min():.3f}–"
         f"{pk.max():.3f} over {len(o1)} runs" in readme
     )
+
+
+def test_results_intervention_numbers_come_from_the_committed_evidence():
+    """docs/results.md's prose on toy_interventions (the pooled terminal differences and their corrected
+    intervals, the `none` runs' cliffs per cell, cliffs with and without each intervention, cliff_guard's restores
+    and its Voting runs equal to `none`) is recomputed from results/evidence/toy_interventions."""
+    import pandas as pd
+
+    folder = ROOT / "results/evidence/toy_interventions"
+    s = pd.read_parquet(folder / "summary.parquet")
+    m = pd.read_parquet(folder / "metrics.parquet")
+    text = (ROOT / "docs/results.md").read_text()
+    para = " ".join(
+        text[text.index("What it shows (descriptive beyond") : text.index("## What the toy matrix")].split()
+    )
+    assert len(s) == 48, len(s)
+    # the pooled rows, as the quoted interventions table (checked against the data by test_analysis) has them
+    rows = {}
+    for line in (folder / "tables/interventions.md").read_text().splitlines()[2:]:
+        c = [x.strip() for x in line.strip("|").split("|")]
+        if c[2] == "terminal_mean3":
+            rows[c[0]] = (float(c[6]), float(c[7]), float(c[8]), int(c[4]), c[11])
+    assert {r[4] for r in rows.values()} == {"inconclusive"} and all(r[1] < 0 < r[2] for r in rows.values())
+    kl, cg = rows["kl"], rows["cg"]
+    assert f"I1 +{kl[0]:.3f} [{kl[1]:.3f}, {kl[2]:.3f}] over {kl[3]} pairs".replace("-", "−") in para, para
+    assert f"cliff_guard +{cg[0]:.3f} [{cg[1]:.3f}, {cg[2]:.3f}] over {cg[3]}".replace("-", "−") in para, para
+    for name, key in (("mass_balance", "mb"), ("coherence", "coh"), ("same_role_norm", "srn")):
+        assert f"{name} {rows[key][0]:+.3f}".replace("-", "−") in para, (name, para)
+    # the none runs' cliffs, per cell
+    none = s[s["intervention"] == "none"]
+    assert f"{int(none['cliff'].sum())} of {len(none)} `none` runs are flagged" in para, para
+    names = {"voting": "Voting", "orch_workers": "Orch-Workers"}
+    for (wf, sh), c in none.groupby(["workflow", "sharing"])["cliff"]:
+        assert f"{names[wf]} {sh.upper()} {int(c.sum())} of {len(c)}" in para, (wf, sh, para)
+    # cliffs with vs without, in the cells where each intervention ran
+    labels = {
+        "kl": "I1",
+        "cg": "cliff_guard",
+        "mb": "mass_balance",
+        "coh": "coherence",
+        "srn": "same_role_norm",
+    }
+    cell = ["workflow", "sharing", "task", "scale"]
+    for key, label in labels.items():
+        with_ = s[s["intervention"] == key]
+        without = none.merge(with_[cell].drop_duplicates(), on=cell)
+        assert f"{label} {int(with_['cliff'].sum())} vs {int(without['cliff'].sum())}" in para, (key, para)
+    # cliff_guard: one restore in each Orch-Workers run, none under Voting, whose runs equal `none`'s
+    restores = m[m["metric"] == "guard_restores"].groupby("run_id")["value"].max()
+    cg_runs = s[s["intervention"] == "cg"]
+    for rid, wf in zip(cg_runs["run_id"], cg_runs["workflow"], strict=True):
+        assert restores.get(rid, 0) == (1 if wf == "orch_workers" else 0), (rid, restores.get(rid))
+    timing = m["metric"].str.startswith("time_") | m["metric"].isin(
+        ["step_time", "eval_reused", "generate_calls"]
+    )
+    key = ["step", "split", "role", "metric"]
+    for rid in cg_runs[cg_runs["workflow"] == "voting"]["run_id"]:
+        a = m[(m["run_id"] == rid) & ~timing]
+        b = m[(m["run_id"] == rid.removesuffix("-cg")) & ~timing]
+        j = a.merge(b, on=key, suffixes=("_cg", "_none"))
+        assert (j["value_cg"] == j["value_none"]).all() and len(j) == len(b), rid
+        assert f"value for value ({len(j):,} non-timing metric rows each)" in para

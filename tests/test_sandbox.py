@@ -338,3 +338,32 @@ def test_assert_conversion_shapes():
     assert convert("def check(candidate):\n    assert candidate(1) == helper(1)\ncheck(f)\n", "f") is None
     assert convert("for i in range(3):\n    assert f(i) == i\n") is None  # -> the judge process
     assert convert("x = [1]\nfor i in x:\n    pass\nassert f(1) == 1\n") is None
+
+
+def test_a_failing_pipe_leaves_no_supervisor_fd_open(tmp_path):
+    """When the supervisor cannot make a job's third pipe (too many open files), the two it made before are
+    closed: 50 such jobs leave the process's open descriptors as they were. Run in a child process, since
+    the supervisor reaps and kills its process's children."""
+    code = f"""
+import os
+from marlflow.sandbox import _supervisor as sv
+sv._SUPERVISOR.update(roots=[], tmp={str(tmp_path)!r})
+real, calls = os.pipe, []
+def pipe():
+    calls.append(1)
+    if len(calls) % 3 == 0:
+        raise OSError(24, "Too many open files")
+    return real()
+os.pipe = pipe
+before = len(os.listdir("/proc/self/fd"))
+for _ in range(50):
+    try:
+        sv.supervise({{"mode": "run", "timeout": 5, "memory_mb": 64}}, lambda: {{}})
+    except OSError:
+        pass
+print(len(calls), before, len(os.listdir("/proc/self/fd")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    calls, before, after = map(int, out.stdout.split())
+    assert calls == 150 and after == before, out.stdout

@@ -134,15 +134,13 @@ def supervise(job: dict, read_tests) -> dict:
     bufs: dict[int, bytearray] = {}
     try:
         _prepare_workdir(job, workdir)
-        res_r, res_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        mine += [res_r, res_w, out_r, out_w, err_r, err_w]
+        res_r, res_w = _pipe(mine)
+        out_r, out_w = _pipe(mine)
+        err_r, err_w = _pipe(mine)
         cfds = {"res": res_w, "out": out_w, "err": err_w}
         if judged:
-            req_r, req_w = os.pipe()
-            resp_r, resp_w = os.pipe()
-            mine += [req_r, req_w, resp_r, resp_w]
+            req_r, req_w = _pipe(mine)
+            resp_r, resp_w = _pipe(mine)
             cfds.update(req=req_r, resp=resp_w)
         pid = _fork_candidate()
         # The child calls `candidate` from this frame, not from a helper (see its docstring: stack depth).
@@ -159,8 +157,7 @@ def supervise(job: dict, read_tests) -> dict:
         verdict_r = -1
         if judged:
             part = read_tests()
-            v_r, v_w = os.pipe()
-            mine += [v_r, v_w]
+            v_r, v_w = _pipe(mine)
             jjob = {"tests": part.get("tests") or "", "prelude": part.get("prelude") or "",
                     "proxies": list(part.get("proxies") or ()), "timeout": job["timeout"], "memory_mb": job["memory_mb"]}  # fmt: skip
             jpid = os.fork()
@@ -194,6 +191,14 @@ def supervise(job: dict, read_tests) -> dict:
         "verdict": bytes(bufs[verdict_r]).decode("utf-8", "replace") if judged else "",
         "seconds": round(time.monotonic() - t0, 4),
     }
+
+
+def _pipe(mine: list[int]) -> tuple[int, int]:
+    """os.pipe(), its two ends added to `mine` at once: when a later pipe fails (EMFILE), _clean_up closes the
+    ones made before it."""
+    r, w = os.pipe()
+    mine += [r, w]
+    return r, w
 
 
 def _prepare_workdir(job: dict, workdir: str) -> None:

@@ -264,3 +264,40 @@ def test_the_audit_hook_keeps_its_own_copies_of_what_it_refuses(tmp_path, monkey
         hook("os.remove", ("/etc/passwd",))
     with pytest.raises(ImportError, match="not allowed"):
         hook("import", ("x", "/somewhere/_ctypes.cpython-311-x86_64-linux-gnu.so"))
+
+
+def test_the_audit_hook_keeps_its_own_builtins_and_exception_classes(tmp_path):
+    """A program can rebind builtins (isinstance, any, all, len, str, bool: no audit event) and the guard
+    module's exception classes; the hook made before it ran must still refuse, with its own classes. Before:
+    `builtins.isinstance = lambda o, t: True` made every path look like an fd the process holds, so the hook let
+    writes anywhere through (the kernel layers still held). Run in a child: rebinding builtins would break
+    pytest itself."""
+    code = f"""
+import builtins, sys
+from marlflow.sandbox import _guard
+hook = _guard.make_audit_hook({str(tmp_path)!r}, [sys.prefix])
+class Benign(Exception):
+    pass
+_guard.SandboxViolation = _guard._NoFrame = Benign
+saved = dict(vars(builtins))
+builtins.isinstance = lambda o, t: True
+builtins.any = lambda it: False
+builtins.all = lambda it: True
+builtins.len = lambda o: 0
+builtins.str = lambda o="": "harmless"
+builtins.bool = lambda o=0: False
+out = []
+for event, args in [("open", (sys.prefix + "/x.txt", "w", 0)), ("open", ("/etc/shadow", "r", 0)),
+                    ("os.remove", ("/etc/passwd",)), ("os.system", ("echo",)), ("sys._getframe", ()),
+                    ("object.__getattr__", (object(), "f_back"))]:
+    try:
+        hook(event, args)
+        out.append("allowed")
+    except BaseException as e:
+        out.append(type(e).__name__)
+vars(builtins).update(saved)
+print(" ".join(out))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["SandboxViolation"] * 4 + ["_NoFrame", "AttributeError"], res.stdout

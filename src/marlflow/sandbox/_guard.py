@@ -61,8 +61,8 @@ def neuter_private_modules() -> None:
     """Replace the dangerous entry points of private modules the worker already imported (an import of a
     module already in sys.modules raises no audit event)."""
 
-    def refused(*a, **k):
-        raise SandboxViolation("sandbox: process creation is not allowed")
+    def refused(*a, _violation=SandboxViolation, **k):  # bound now: the program may rebind the name later
+        raise _violation("sandbox: process creation is not allowed")
 
     for name in _PRIVATE_MODULES:
         mod = sys.modules.pop(name, None)
@@ -78,25 +78,27 @@ def _path_checks(wd: str, ext_ok: tuple[str, ...]):
     now. Called once, by `make_audit_hook`, before the program runs; the hook holds the closures
     themselves, never looks them up by name, so the program cannot swap them for others."""
     abspath, fspath, getcwd = os.path.abspath, os.fspath, os.getcwd
+    # Builtins as well: the program can rebind builtins.isinstance, any, str ... (no audit event for that).
+    _isinstance, _any, _str, _bytes, _int, _Exception = isinstance, any, str, bytes, int, Exception
 
     def native_allowed(filename) -> bool:
         # Only plain string ops and no patchable module globals: the program may have replaced posixpath.
         try:
             p = fspath(filename)
-        except Exception:
+        except _Exception:
             return False
-        if isinstance(p, bytes):
+        if _isinstance(p, _bytes):
             p = p.decode("utf-8", "surrogateescape")
-        if not isinstance(p, str) or "\0" in p or not p.startswith("/"):
+        if not _isinstance(p, _str) or "\0" in p or not p.startswith("/"):
             return False
-        if any(part in ("", ".", "..") for part in p[1:].split("/")):
+        if _any(part in ("", ".", "..") for part in p[1:].split("/")):
             return False
         return p.startswith(ext_ok) and not (p + "/").startswith(wd)
 
     def resolve(path) -> str | None:
         try:
             p = fspath(path)
-            if isinstance(p, bytes):
+            if _isinstance(p, _bytes):
                 p = p.decode("utf-8", "surrogateescape")
             if "\0" in p:
                 return None
@@ -107,11 +109,11 @@ def _path_checks(wd: str, ext_ok: tuple[str, ...]):
                     return None
                 p = getcwd() + "/" + p
             return abspath(p)
-        except Exception:
+        except _Exception:
             return None
 
     def inside(path, allowed) -> bool:
-        if isinstance(path, int):
+        if _isinstance(path, _int):
             return True  # an fd the process already holds
         p = resolve(path)
         return p is not None and ((p + "/").startswith(allowed) or p in {a.rstrip("/") for a in allowed})
@@ -132,43 +134,52 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
     # and empty or rebind its sets, but not reach these.
     private, blocked = frozenset(_PRIVATE_MODULES), frozenset(_BLOCKED_EVENTS)
     frame_attrs, path_events, basename = frozenset(_FRAME_ATTRS), frozenset(_PATH_EVENTS), os.path.basename
+    # The exception classes and builtins it uses too: a program may rebind the module's or builtins' names.
+    violation, no_frame, import_error, attribute_error = (
+        SandboxViolation,
+        _NoFrame,
+        ImportError,
+        AttributeError,
+    )
+    _isinstance, _any, _all, _len, _str, _bool, _int = isinstance, any, all, len, str, bool, int
+    path_types = (str, bytes, os.PathLike)
     native_allowed, inside = _path_checks(wd, tuple(r.rstrip("/") + "/" for r in read_roots))
 
     def hook(event: str, args) -> None:
         if event in blocked or event.startswith(("ctypes.", "os.exec", "os.spawn", "os.posix_spawn")):
-            raise SandboxViolation(f"sandbox: {event} is not allowed")
+            raise violation(f"sandbox: {event} is not allowed")
         if event == "sys._getframe":
-            raise _NoFrame("sandbox: frame access is not allowed")
-        if event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs:
-            raise AttributeError("sandbox: frame access is not allowed")
+            raise no_frame("sandbox: frame access is not allowed")
+        if event == "object.__getattr__" and _len(args) > 1 and args[1] in frame_attrs:
+            raise attribute_error("sandbox: frame access is not allowed")
         if event == "import" and args:
-            name = str(args[0]).rpartition(".")[2]
-            base = basename(str(args[1])).partition(".")[0] if len(args) > 1 and args[1] else ""
+            name = _str(args[0]).rpartition(".")[2]
+            base = basename(_str(args[1])).partition(".")[0] if _len(args) > 1 and args[1] else ""
             if name in private or base in private:
-                raise ImportError(f"sandbox: module {args[0]} is not allowed")
+                raise import_error(f"sandbox: module {args[0]} is not allowed")
             # A filename comes with the event only where a file is about to be loaded as native code
             # (_imp.create_dynamic): an extension module written to the working dir, a /proc/self/fd path.
-            if len(args) > 1 and args[1] is not None and not native_allowed(args[1]):
-                raise ImportError(f"sandbox: extension module {args[1]!r} is outside the Python install")
+            if _len(args) > 1 and args[1] is not None and not native_allowed(args[1]):
+                raise import_error(f"sandbox: extension module {args[1]!r} is outside the Python install")
         elif event == "open" and args:
-            mode, flags = (args[1] if len(args) > 1 else "r") or "", (args[2] if len(args) > 2 else 0) or 0
-            writing = any(c in str(mode) for c in "wax+") or bool(flags & write_flags)
+            mode, flags = (args[1] if _len(args) > 1 else "r") or "", (args[2] if _len(args) > 2 else 0) or 0
+            writing = _any(c in _str(mode) for c in "wax+") or _bool(flags & write_flags)
             if not inside(args[0], ok_write if writing else ok_read):
-                raise SandboxViolation(f"sandbox: cannot open {args[0]!r} ({'write' if writing else 'read'})")
+                raise violation(f"sandbox: cannot open {args[0]!r} ({'write' if writing else 'read'})")
             # A directory fd outside the working dir would anchor dir_fd= escapes the hook cannot see.
-            dir_open = not isinstance(args[0], int) and (flags & path_flags or isdir(args[0]))
+            dir_open = not _isinstance(args[0], _int) and (flags & path_flags or isdir(args[0]))
             if dir_open and not inside(args[0], (wd,)):
-                raise SandboxViolation(f"sandbox: cannot open directory {args[0]!r}")
+                raise violation(f"sandbox: cannot open directory {args[0]!r}")
         elif event == "os.chdir" and args:
-            if isinstance(args[0], int) or not inside(args[0], (wd,)):
-                raise SandboxViolation(f"sandbox: cannot chdir to {args[0]!r}")
+            if _isinstance(args[0], _int) or not inside(args[0], (wd,)):
+                raise violation(f"sandbox: cannot chdir to {args[0]!r}")
         elif event in ("os.listdir", "os.scandir") and args:
             if not inside(args[0] if args[0] is not None else ".", ok_read):
-                raise SandboxViolation(f"sandbox: cannot list {args[0]!r}")
+                raise violation(f"sandbox: cannot list {args[0]!r}")
         elif event in path_events:
-            paths = [a for a in args[:2] if isinstance(a, str | bytes | os.PathLike)]
-            if not paths or not all(inside(p, ok_write) for p in paths):
-                raise SandboxViolation(f"sandbox: {event} outside the working directory is not allowed")
+            paths = [a for a in args[:2] if _isinstance(a, path_types)]
+            if not paths or not _all(inside(p, ok_write) for p in paths):
+                raise violation(f"sandbox: {event} outside the working directory is not allowed")
 
     return hook
 

@@ -366,8 +366,13 @@ def test_a_stuck_rank_ends_the_other_at_the_collective_timeout(tmp_path):
     finally:
         procs[1].kill()
         procs[1].wait()
-    assert code == 3, procs[0].stderr.read()[-3000:]
+    # 3: the worker's return after the collective raised. After a timed-out gloo recv with the peer still
+    # alive, the process group's teardown at interpreter exit can also std::terminate (SIGABRT: 2-3 of 6 runs at
+    # 7ad8917 and 3 of 6 at 63efd3f on a loaded 2-core machine, torch 2.13): the rank has ended either way, with
+    # a failing code, which is what the launcher needs (not 75, not a hang).
+    assert code in (3, -signal.SIGABRT), procs[0].stderr.read()[-3000:]
     rec = _read(tmp_path, 0)
+    assert rec["error"].startswith("RuntimeError") and "Timed out" in rec["error"], rec
     assert 2.5 <= rec["waited_s"] < 20, rec  # the 3 s timeout, not the 600 s the stuck rank sleeps
 
 

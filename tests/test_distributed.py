@@ -353,8 +353,11 @@ def test_a_sigkilled_rank_ends_the_other_within_seconds(tmp_path):
     codes = [p.wait(timeout=60) for p in procs]
     elapsed = time.monotonic() - t0
     assert codes[1] == -signal.SIGKILL
-    assert codes[0] == 3, procs[0].stderr.read()[-3000:]  # the survivor raised in the collective
+    # the survivor raised in the collective (3), or did and then aborted in gloo's teardown at exit (SIGABRT:
+    # 1 of 6 runs here; see the stuck-rank test below)
+    assert codes[0] in (3, -signal.SIGABRT), procs[0].stderr.read()[-3000:]
     rec = _read(tmp_path, 0)
+    assert rec["error"].startswith("RuntimeError"), rec
     assert rec["source"] == "slurm" and rec["waited_s"] < 30, rec  # a closed connection, well before 60 s
     assert elapsed < 45
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,90 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
         for planned, logged in ((sum(s.prompt_tokens for s in mine), m.loc[role, "prompt_tokens"]),
                                 (sum(s.completion_tokens for s in mine), m.loc[role, "tokens"])):  # fmt: skip
             assert abs(planned - logged) <= 0.10 * logged, (role, planned, logged)
+
+
+def _renamed(spec, names: dict[str, str], name: str):
+    """`spec` as another workflow whose roles and slots are renamed (names: old role -> new role; a slot is
+    its role plus a number), with the same prompts: what a user-registered look-alike would declare."""
+    from marlflow.workflows.spec import WorkflowSpec
+
+    def ren(x: str) -> str:
+        return re.sub(r"^[a-z]+", lambda m: names.get(m.group(), m.group()), x)
+
+    def pattern(p: str) -> str:
+        for old, new in names.items():
+            p = p.replace(old, new)
+        return p
+
+    def stages(cfg, kind):
+        return [
+            [
+                dataclasses.replace(
+                    c,
+                    slot=ren(c.slot),
+                    role=ren(c.role),
+                    answers=tuple(map(ren, c.answers)),
+                    strategy=c.strategy and ren(c.strategy),
+                )
+                for c in stage
+            ]
+            for stage in spec.stages(cfg, kind)
+        ]
+
+    return WorkflowSpec(
+        name=name, description=spec.description, run=spec.run, role_types=tuple(map(ren, spec.role_types)),
+        stages=stages, first_stage=pattern(spec.first_stage), mandatory=pattern(spec.mandatory),
+        solver_roles=tuple(map(ren, spec.solver_roles)),
+        parallel_role=spec.parallel_role and ren(spec.parallel_role),
+        parallel_slots=spec.parallel_slots and pattern(spec.parallel_slots),
+        default_rounds=spec.default_rounds,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "workflow, names",
+    [
+        ("eval_opt", {"generator": "drafter", "evaluator": "critic"}),
+        ("orch_workers", {"orchestrator": "planner", "worker": "solver", "synthesizer": "merger"}),
+    ],
+)
+def test_slot_tokens_read_the_workflow_spec_not_its_names(monkeypatch, workflow, names):
+    """A workflow declared like Eval-Opt or Orch-Workers under other workflow, role and slot names plans to the
+    same tokens at every setting of continue_frac, workers, strategy and completion: slot_tokens takes rounds
+    from WorkflowSpec.default_rounds, the strategy carriers from CallSpec.strategy and the synthesizer's
+    prompt from CallSpec.messages_for, not from names."""
+    from marlflow.workflows import spec as wspec
+
+    monkeypatch.setattr(wspec, "_REGISTERED", {})  # the look-alike does not outlive this test
+    name = f"{workflow}_lookalike"
+    wspec.register(_renamed(wspec.spec_of(workflow), names, name))
+    cfg = _sheet_cfg("toy", f"{workflow}-ip-toy-math-s0")
+    other = dataclasses.replace(cfg, workflow=name, run_id=cfg.run_id.replace(workflow, name))
+    completion = {
+        "generator": 20.5,
+        "evaluator": 7.0,
+        "orchestrator": 18.0,
+        "worker": 22.0,
+        "synthesizer": 9.5,
+    }
+    settings = [{}, dict(continue_frac=0.5), dict(workers=1.5), dict(strategy=40.0),
+                dict(workers=2.4, strategy=3.0, continue_frac=0.3)]  # fmt: skip
+    for kw in settings:
+        for comp in (0.5, completion):
+            want = [
+                (s.slot.replace(s.role, names[s.role]), names[s.role], s.stage, s.calls, s.prompt_per_call,
+                 s.completion_per_call)
+                for s in plan.slot_tokens(cfg, comp, **kw)
+            ]  # fmt: skip
+            other_comp = (
+                {names.get(r, r): v for r, v in completion.items()} if isinstance(comp, dict) else comp
+            )
+            got = [(s.slot, s.role, s.stage, s.calls, s.prompt_per_call, s.completion_per_call)
+                   for s in plan.slot_tokens(other, other_comp, **kw)]  # fmt: skip
+            assert got == want, (kw, comp)
+    # the settings did move the plan: later rounds or missing workers make fewer calls
+    moved = plan.slot_tokens(other, 0.5, continue_frac=0.5, workers=1.5)
+    assert min(s.calls for s in moved) < max(s.calls for s in moved)
 
 
 def test_planner_packs_chunks_as_the_trainer_does():

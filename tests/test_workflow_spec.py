@@ -21,7 +21,15 @@ import torch
 
 from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
 from marlflow.workflows import spec as wspec
-from marlflow.workflows.spec import BUILTIN, WorkflowError, WorkflowSpec, spec_of, specs, workflow_names
+from marlflow.workflows.spec import (
+    BUILTIN,
+    CallSpec,
+    WorkflowError,
+    WorkflowSpec,
+    spec_of,
+    specs,
+    workflow_names,
+)
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -119,6 +127,19 @@ def test_an_invalid_spec_is_refused_naming_the_field(change, message):
     fields = {f: getattr(spec_of("single"), f) for f in WorkflowSpec.__dataclass_fields__}
     with pytest.raises(WorkflowError, match=f"WorkflowSpec .*{message.replace('(', '.').replace('[', '.')}"):
         WorkflowSpec(**{**fields, "baseline": False, **change})
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(strategy=True), "strategy must be the slot whose output the strategies come from, or None"),
+        (dict(strategy=""), "strategy must be the slot"),
+        (dict(messages_for="--- Solution 1 ---"), "messages_for must be a function n -> messages or None"),
+    ],
+)
+def test_an_invalid_call_spec_is_refused_naming_the_field(change, message):
+    with pytest.raises(WorkflowError, match=f"CallSpec 'worker0': {message}"):
+        CallSpec("worker0", "worker", (), **change)
 
 
 def test_unknown_workflows_and_name_clashes_say_what_to_do(monkeypatch):

@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,22 +373,31 @@ class SlotTokens:
 def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | None = None,
                 continue_frac: float = 1.0, workers: float | None = None,
                 strategy: float | None = None) -> list[SlotTokens]:  # fmt: skip
-    """Tokens per step by slot.
+    """Tokens per step by slot, from the workflow's spec (episode_calls; WorkflowSpec, CallSpec).
 
     completion: mean completion tokens per call as a share of grpo.max_completion_length (a float), or
         {role: mean completion tokens} (e.g. what a run logged). A carried answer is its completion without
         the end-of-sequence token.
     episodes: episodes per step (default problems_per_step x group_size).
-    continue_frac: Eval-Opt: share of episodes that go on to each further round (1 = every round runs).
-    workers: Orch-Workers: mean worker calls per episode (default n_workers; fewer when the orchestrator's
-        strategies do not parse and one fallback worker runs).
-    strategy: Orch-Workers: mean tokens of the strategy a worker's prompt carries (default: the orchestrator's
-        completion split over the workers).
+    continue_frac: a workflow that runs rounds (WorkflowSpec.default_rounds; Eval-Opt): share of episodes
+        that go on to each further round (1 = every round runs).
+    workers: mean calls per episode of the calls that carry a strategy (CallSpec.strategy: Orch-Workers'
+        workers; default all of them, n_workers; fewer when the orchestrator's strategies do not parse and
+        one fallback worker runs).
+    strategy: mean tokens of the strategy such a call's prompt carries (default: its source's completion
+        split over the calls that carry it).
     Prompts are cut to grpo.max_prompt_length as ChatEncoder cuts them (keeping the end)."""
     g = cfg.grpo
     kind = cfg.task_axis
     q, _ = question_tokens(cfg.model, cfg.task.name, cfg.task.source)
     episodes = g.problems_per_step * g.group_size if episodes is None else episodes
+    spec = spec_of(cfg.workflow)
+    stages = episode_calls(cfg, kind)
+    # strategy source slot -> the slots that carry its strategies, in order (CallSpec.strategy)
+    carriers: dict[str, list[str]] = {}
+    for c in (c for stage in stages for c in stage if c.strategy):
+        carriers.setdefault(c.strategy, []).append(c.slot)
+    nth = {slot: k for slots in carriers.values() for k, slot in enumerate(slots)}
 
     def comp(role: str) -> float:
         if isinstance(completion, dict):
@@ -396,29 +406,29 @@ def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | 
 
     def share(slot: str) -> float:
         """Share of episodes that make this call."""
-        if cfg.workflow == "eval_opt":
-            return continue_frac ** int(slot[-1])
-        if slot.startswith("worker") and workers is not None:
-            return min(max(workers - int(slot[-1]), 0.0), 1.0)
+        if spec.default_rounds:  # round k (the slot's number) is reached in continue_frac^k of the episodes
+            return continue_frac ** int(re.search(r"\d+$", slot).group())
+        if slot in nth and workers is not None:  # the k-th carrier runs when more than k strategies came
+            return min(max(workers - nth[slot], 0.0), 1.0)
         return 1.0
 
     out, comp_of = [], {}
-    for s, stage in enumerate(episode_calls(cfg, kind)):
+    for s, stage in enumerate(stages):
         for c in stage:
-            # Answers carried in; a synthesizer carries only the workers that ran (per episode, on average).
+            # An answer is in this call's prompt in the episodes that made both calls, and the rarer call's
+            # episodes are among the other's (a later round's episodes made every earlier round; the
+            # synthesizer runs in every episode, after however many workers ran): per call of this slot,
+            # share(answer) / share(this call), at most 1.
+            mine = share(c.slot)
             carried = sum(
-                max(comp_of[a] - 1, 0) * (share(a) if cfg.workflow != "eval_opt" else 1) for a in c.answers
+                max(comp_of[a] - 1, 0) * (min(share(a) / mine, 1.0) if mine else 1.0) for a in c.answers
             )
             if c.strategy:
-                carried += (max(comp_of["orchestrator0"] - 1, 0) / max(workers or cfg.n_workers, 1)
+                carried += (max(comp_of[c.strategy] - 1, 0) / max(workers or len(carriers[c.strategy]), 1)
                             if strategy is None else strategy)  # fmt: skip
             messages = c.messages
-            if (
-                c.role == "synthesizer" and workers is not None
-            ):  # one "--- Solution k ---" per worker that ran
-                from marlflow.workflows import prompts
-
-                messages = prompts.synthesize(kind, "", [""] * max(1, round(workers)))
+            if c.messages_for is not None and workers is not None:  # e.g. one "--- Solution k ---" per worker
+                messages = c.messages_for(max(1, round(workers)))
             prompt = min(_template_tokens(cfg.model, messages) + q + carried, g.max_prompt_length)
             comp_of[c.slot] = comp(c.role)
             out.append(

@@ -60,10 +60,11 @@ def stages(cfg, kind: str) -> list[list[CallSpec]]:
     """Orchestrator, n_workers workers (each carries a share of the orchestrator's strategies), synthesizer."""
     n = cfg.n_workers
     orch = CallSpec("orchestrator0", "orchestrator", tuple(prompts.orchestrate(kind, "", n)))
-    workers = [CallSpec(f"worker{k}", "worker", tuple(prompts.work(kind, "", "")), strategy=True)
+    workers = [CallSpec(f"worker{k}", "worker", tuple(prompts.work(kind, "", "")), strategy=orch.slot)
                for k in range(n)]  # fmt: skip
     synth = CallSpec("synthesizer0", "synthesizer", tuple(prompts.synthesize(kind, "", [""] * n)),
-                     answers=tuple(f"worker{k}" for k in range(n)))  # fmt: skip
+                     answers=tuple(f"worker{k}" for k in range(n)),
+                     messages_for=lambda ran: tuple(prompts.synthesize(kind, "", [""] * ran)))  # fmt: skip
     return [[orch], workers, [synth]]
 
 

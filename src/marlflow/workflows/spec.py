@@ -43,16 +43,33 @@ class WorkflowError(ValueError):
 
 @dataclass(frozen=True)
 class CallSpec:
-    """One role call of an episode as the memory planner sees it (marlflow.plan): its slot and role, its
-    prompt messages with every answer and the question left empty, and what is carried in: `answers`
-    (slots whose completions appear in the prompt) and `strategy` (the orchestrator's output, split over
-    the workers)."""
+    """One role call of an episode as the memory planner sees it (marlflow.plan.slot_tokens): its slot and
+    role, its prompt messages with every answer and the question left empty, and what is carried in:
+
+    answers: slots whose completions appear in the prompt whole.
+    strategy: the slot whose output is a list of strategies split over the calls that name it here, one
+        strategy each (Orch-Workers' workers name "orchestrator0"). Such calls run once per strategy the
+        output gave, in order: the k-th runs in the episodes that got more than k (the planner's `workers`).
+        None: the call carries no strategy.
+    messages_for: for a call whose answers are calls that carry a strategy: `messages_for(n)` is its prompt
+        messages when n of them ran (Orch-Workers' synthesizer lists one solution per worker that ran).
+        None: `messages` whatever ran."""
 
     slot: str
     role: str
     messages: tuple
     answers: tuple = ()
-    strategy: bool = False
+    strategy: str | None = None
+    messages_for: Callable | None = None
+
+    def __post_init__(self):
+        if not (self.strategy is None or (isinstance(self.strategy, str) and self.strategy)):
+            raise WorkflowError(f"CallSpec {self.slot!r}: strategy must be the slot whose output the "
+                                f"strategies come from, or None; got {self.strategy!r}")  # fmt: skip
+        if not (self.messages_for is None or callable(self.messages_for)):
+            raise WorkflowError(
+                f"CallSpec {self.slot!r}: messages_for must be a function n -> messages or None"
+            )
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,9 @@ class WorkflowSpec:
         out of "multi-agent"; exactly one registered workflow has it.
     default_rounds: task kind -> rounds when RunConfig.eval_opt_rounds is 0, for a workflow that runs
         rounds (Eval-Opt: the paper's 3 for math, 2 for code); empty: no rounds. Read through `rounds`.
+        A workflow runs rounds iff this is non-empty; its slots are numbered by round (generator0,
+        evaluator0, generator1, ...), and an episode reaches round k only after rounds 0..k-1: the memory
+        planner (marlflow.plan.slot_tokens) reaches round k in continue_frac^k of the episodes.
     """
 
     name: str

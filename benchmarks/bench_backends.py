@@ -32,9 +32,9 @@ PROMPTS, MAX_NEW, STEPS = 24, 96, 2
 def child(backend: str, model: str, threads: int) -> dict:
     import tempfile
 
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.sampling import Sampling, request_seeds
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.generation.sampling import Sampling, request_seeds
 
     cfg = RunConfig(
         run_id="voting-sp-smol-math-s0",

@@ -8,7 +8,7 @@ rollout (the preset's 200 problems, T = 0.7, one fixed seed) under three paths, 
 
 - `generate`: the path before this change: each distinct prompt prefilled once, then HF `generate` with that
   cache, and transformers' "sdpa" attention (grouped K/V heads copied to every query head under a mask);
-- `loop`: `marlflow.fastgen.sample` (generate's tokens, finished rows dropped) with the GQA attention;
+- `loop`: `marlflow.generation.fastgen.sample` (generate's tokens, finished rows dropped) with the GQA attention;
 - `loop+kv`: the default: `loop` plus the reuse of earlier calls' K/V (`PrefixKV`).
 
 The store is cleared before every rollout (as after the weight update that precedes every evaluation), so no
@@ -24,10 +24,10 @@ from functools import partial
 import torch
 from harness import eval_rollout, interleaved, medians, parser, setup, toy_configs
 
-from marlflow.fastgen import GQA_SDPA, prefill_cache
-from marlflow.generation import trim_completion
-from marlflow.sampling import distinct_rows
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.generation.fastgen import GQA_SDPA, prefill_cache
+from marlflow.generation.hf import trim_completion
+from marlflow.generation.sampling import distinct_rows
 
 PATHS = ("generate", "loop", "loop+kv")
 

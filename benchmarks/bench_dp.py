@@ -1,18 +1,18 @@
 """Data-parallel step time (issue 27): the trainer's real step at 1 rank x 2 threads vs 2 ranks x 1 thread.
 
-    python benchmarks/bench_dp.py --workflows voting --model src/marlflow/toy_model  # toy: 3 rounds x 4 steps
+    python benchmarks/bench_dp.py --workflows voting --model src/marlflow/models/toy_model  # toy: 3 rounds x 4 steps
     python benchmarks/bench_dp.py --preset smol --model results/models/smol --workflows voting --steps 3
-    python benchmarks/bench_dp.py --quick --model src/marlflow/toy_model  # 1 round, 2 steps: checks that it runs
+    python benchmarks/bench_dp.py --quick --model src/marlflow/models/toy_model  # 1 round, 2 steps: checks that it runs
 
 Each round starts the two variants as fresh processes, interleaved and alternating in order (harness.interleaved):
 "1x2" is one process with torch at 2 threads; "2x1" is the trainer's own `torchrun --standalone --nproc-per-node 2`
 with 1 thread per rank (gloo). Both train the preset's run (the first of --workflows, with --sharing and --task)
 with `ranks` set to theirs and sampling_seeds "per_call" (ranks > 1 needs it; the same episodes at any rank
-count). Each process builds the trainer as marlflow.train does (`build_trainer` under `distributed.init`) and runs
+count). Each process builds the trainer as marlflow.cli.train does (`build_trainer` under `distributed.init`) and runs
 `trainer.train_step(step)`, the step users run: its share of the problems (distributed.shard) rolled out, the
 update with the gradients all-reduced, the gathered train rows. Per step, rank 0 records the trainer's own
 step_time, time_generate and time_backward (the update: backward, gradient all-reduce, optimizer step) and the
-seconds in marlflow.distributed's collectives (gather and all_reduce_sum, which every collective of the step goes
+seconds in marlflow.training.distributed's collectives (gather and all_reduce_sum, which every collective of the step goes
 through), wrapped with time.perf_counter: `wait` is the stop agreement right after the rollout
 (distributed.stop_agreed), where the faster rank waits for the slower one's rollout (the load imbalance of
 uneven episode lengths); `comm` is every collective, that wait included; `comm - wait` also holds any wait for
@@ -43,9 +43,9 @@ TIMES = ("step_time", "time_generate", "time_backward")
 
 
 def time_collectives(seconds: dict) -> None:
-    """Wrap marlflow.distributed's collectives (callers reach them through the module) so that each call adds
+    """Wrap marlflow.training.distributed's collectives (callers reach them through the module) so that each call adds
     its seconds to seconds["comm"], and the stop agreement's to seconds["wait"] as well."""
-    from marlflow import distributed as D
+    from marlflow.training import distributed as D
 
     def timed(fn, key):
         def wrapper(*args, **kwargs):
@@ -66,9 +66,9 @@ def worker(cfg_path: str, steps: int, out: str) -> None:
     times, the train rows without times (to compare runs) and the peak GPU memory (GB) on cuda."""
     import torch
 
-    from marlflow import distributed as D
-    from marlflow.config import RunConfig
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
+    from marlflow.core.config import RunConfig
+    from marlflow.training import distributed as D
 
     cfg = RunConfig.load(cfg_path)
     env = D.init(cfg.device)
@@ -97,7 +97,7 @@ def worker(cfg_path: str, steps: int, out: str) -> None:
 def launch(cfg, ranks: int, threads: int, steps: int, tmp: Path, timeout: float | None = None) -> dict:
     """Run `cfg` at `ranks` x `threads` for `steps` steps in fresh processes; rank 0's record (`worker`). Past
     `timeout` seconds every process is killed and TimeoutError raised."""
-    from marlflow import distributed as D
+    from marlflow.training import distributed as D
 
     cfg = dataclasses.replace(cfg, ranks=ranks, threads=threads, sampling_seeds="per_call")
     path, out = tmp / f"config-{ranks}x{threads}.json", tmp / f"out-{ranks}x{threads}.json"

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from harness import interleaved, parser, setup, toy_configs
 
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
 from marlflow.workflows import rollout
 
 RUNS = (

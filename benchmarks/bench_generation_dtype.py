@@ -19,8 +19,8 @@ from functools import partial
 
 from harness import WORKFLOWS, eval_rollout, interleaved, parser, setup, toy_configs
 
-from marlflow.generation import native_bf16
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.generation.hf import native_bf16
 
 
 def main(argv=None) -> None:

@@ -34,10 +34,10 @@ from pathlib import Path
 import pandas as pd
 from harness import interleaved, parser, setup, toy_configs
 
-from marlflow.config import RunConfig
+from marlflow.cli.train import build_trainer
+from marlflow.core.config import RunConfig
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer
 
 NEVER = 1_000_000  # grad_metrics_every larger than any step: the per-slot / vector metrics never run
 
@@ -94,7 +94,9 @@ def main(argv=None) -> None:
     if args.quick:
         args.steps, args.sharing = 1, args.sharing[:1]
     if not Path(args.model, "config.json").exists():
-        raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow.models`")
+        raise SystemExit(
+            f"--model {args.model}: no model there; build one with `python -m marlflow.models.loading`"
+        )
     configs = toy_configs(args)
     print(
         f"model {args.model}; {args.reps} repetitions x {args.steps} steps after 1 warm-up per variant, "

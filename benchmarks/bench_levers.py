@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness import add_cells, parser, setup, toy_cells
 
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
 
 KEYS = ("time_generate", "time_backward", "step_time")
 

@@ -1,4 +1,4 @@
-"""Validate marlflow.plan's memory model on the CPU: saved-tensor fit, and measured chunk peaks vs predicted.
+"""Validate marlflow.pipeline.plan's memory model on the CPU: saved-tensor fit, and measured chunk peaks vs predicted.
 
     python benchmarks/bench_plan_memory.py fit                 # ACT_COEF: bytes per token per layer, exact fit
     python benchmarks/bench_plan_memory.py validate [--repeats 3] [--cap-gb 6]   # >= 6 configurations
@@ -7,21 +7,21 @@
 
 `fit` counts the tensors one decoder layer saves for backward (torch.autograd.graph.saved_tensors_hooks, distinct
 storages, parameters skipped) on random models of varied widths with LoRA on every linear layer, and fits bytes
-per token per layer as a linear function of the widths (marlflow.plan.ACT_COEF). bf16 uses transformers' SDPA
-(the CUDA path); fp32 uses the trainer's CPU attention (marlflow.fastgen.use_gqa_sdpa).
+per token per layer as a linear function of the widths (marlflow.pipeline.plan.ACT_COEF). bf16 uses transformers' SDPA
+(the CUDA path); fp32 uses the trainer's CPU attention (marlflow.generation.fastgen.use_gqa_sdpa).
 
 `validate` and `table` measure the real peak of one forward-backward chunk through the trainer's own path:
 `MultiAgentGRPOTrainer.update` on one slot's calls (collate -> TRL `_compute_loss` -> backward -> clip ->
-AdamW), built by `marlflow.train.build_trainer` from a RunConfig. Each configuration runs in its own subprocess
+AdamW), built by `marlflow.cli.train.build_trainer` from a RunConfig. Each configuration runs in its own subprocess
 under `prlimit --as` (one at a time); the child does one warm-up update (AdamW's moments exist afterwards, as
 in a running job), resets the high-water mark (`echo 5 > /proc/self/clear_refs`) and reports VmHWM minus VmRSS
 before the measured update. glibc is told to mmap every allocation above 64 KiB (MALLOC_MMAP_THRESHOLD_), so
 freed tensors leave RSS and the warm-up's memory is not silently reused. The prediction is
-`marlflow.plan.chunk_activation_bytes` for the same model, calls, width and device (activations + mask + head):
+`marlflow.pipeline.plan.chunk_activation_bytes` for the same model, calls, width and device (activations + mask + head):
 what a chunk adds on top of the resident model, adapters and optimizer.
 
-Models: toy (built into /tmp by marlflow.toybuild with a short warm start), smol (results/models/smol, `make
-smol-setup`), and random models of Qwen3-0.6B's widths (marlflow.plan.HUB_SHAPES: hidden 1024, intermediate
+Models: toy (built into /tmp by marlflow.models.toybuild with a short warm start), smol (results/models/smol, `make
+smol-setup`), and random models of Qwen3-0.6B's widths (marlflow.pipeline.plan.HUB_SHAPES: hidden 1024, intermediate
 3072, 16/8 heads, head_dim 128) with 1-2 layers, the real vocabulary (151,936) and SmolLM2's tokenizer (token
 ids < 49,152). Threads: 1.
 """
@@ -51,7 +51,7 @@ def saved_bytes(arch, h, i, nh, nkv, hd, layers, r, dtype, seq=64, gqa=False) ->
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from marlflow.fastgen import use_gqa_sdpa
+    from marlflow.generation.fastgen import use_gqa_sdpa
 
     cls = transformers.Qwen3Config if arch == "qwen3" else transformers.LlamaConfig
     cfg = cls(
@@ -114,7 +114,7 @@ def fit() -> None:
     import numpy as np
     import torch
 
-    from marlflow.plan import ACT_COEF, ModelShape
+    from marlflow.pipeline.plan import ACT_COEF, ModelShape
 
     torch.set_num_threads(1)
     for dtype, gqa in (("bfloat16", False), ("float32", True)):
@@ -152,7 +152,7 @@ def _random_qwen06(layers: int) -> Path:
     import torch
     import transformers
 
-    from marlflow.plan import HUB_SHAPES
+    from marlflow.pipeline.plan import HUB_SHAPES
 
     out = WORK / f"qwen06w-{layers}l"
     if (out / "config.json").is_file():
@@ -174,7 +174,7 @@ def _random_qwen06(layers: int) -> Path:
 def _toy() -> Path:
     out = WORK / "toy"
     if not (out / "config.json").is_file():
-        from marlflow.toybuild import build_toy
+        from marlflow.models.toybuild import build_toy
 
         build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)
     return out
@@ -194,7 +194,7 @@ def model_path(name: str) -> Path:
 
 
 def make_cfg(model: str, calls: int, ckpt: bool, lora_r: int, max_chunk_tokens: int = 0):
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     fields = {"gradient_checkpointing": "on" if ckpt else "off"}
     return RunConfig(
@@ -239,7 +239,7 @@ def child(spec: dict) -> dict:
 
     import torch
 
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
     from marlflow.workflows import Call
 
     torch.set_num_threads(1)
@@ -273,7 +273,7 @@ def child(spec: dict) -> dict:
 
 
 def predict(spec: dict) -> float:
-    from marlflow.plan import chunk_activation_bytes, model_shape
+    from marlflow.pipeline.plan import chunk_activation_bytes, model_shape
 
     shape = model_shape(str(model_path(spec["model"])))
     width = spec["prompt"] + spec["completion"]
@@ -450,8 +450,8 @@ def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None
 def table(cap_gb: float, budget: int) -> None:
     """Qwen3-0.6B widths at S = 1k..8k: old defaults (32 calls, no ckpt) vs new (token budget, ckpt), and one call
     per chunk with and without checkpointing. Measured where the prediction is under 80% of the cap."""
-    from marlflow.algos import token_budget_chunks
-    from marlflow.plan import HUB_SHAPES, chunk_activation_bytes
+    from marlflow.core.algos import token_budget_chunks
+    from marlflow.pipeline.plan import HUB_SHAPES, chunk_activation_bytes
 
     print(f"{_machine()}; cap {cap_gb:g} GB")
     print(
@@ -502,10 +502,11 @@ def tokens(steps: int) -> None:
     import pandas as pd
     import torch
 
-    from marlflow import plan, workflows
-    from marlflow.config import RunConfig
-    from marlflow.matrix import run_sheet
-    from marlflow.train import build_trainer
+    from marlflow import workflows
+    from marlflow.cli.train import build_trainer
+    from marlflow.core.config import RunConfig
+    from marlflow.pipeline import plan
+    from marlflow.pipeline.matrix import run_sheet
 
     torch.set_num_threads(1)
     cases = [("toy", f"{w}-sp-toy-math-s0", _toy()) for w in ("single", "eval_opt", "voting", "orch_workers")]
@@ -528,7 +529,10 @@ def tokens(steps: int) -> None:
                 _seen.extend(out)
                 return out
 
-            real, workflows.rollout = workflows.rollout, spy  # marlflow.rollout.train_episodes calls it
+            real, workflows.rollout = (
+                workflows.rollout,
+                spy,
+            )  # marlflow.training.rollout.train_episodes calls it
             try:
                 trainer.train_step(step)
             finally:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 from harness import parser, setup, toy_configs
 
-from marlflow.config import RunConfig
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.core.config import RunConfig
 
 KEYS = ("time_generate", "time_score", "time_backward", "time_other", "step_time", "generate_calls")
 

@@ -72,15 +72,15 @@ from peft import LoraConfig  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from marlflow import rollout as ro  # noqa: E402
-from marlflow.config import RunConfig  # noqa: E402
-from marlflow.models import load_model_and_tokenizer  # noqa: E402
+from marlflow.cli.train import build_trainer  # noqa: E402
+from marlflow.core.config import RunConfig  # noqa: E402
+from marlflow.models.loading import load_model_and_tokenizer  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
 from marlflow.tasks.toy import ToyCode, ToyMath  # noqa: E402
-from marlflow.train import build_trainer  # noqa: E402
-from marlflow.trainer import _grpo_args  # noqa: E402
+from marlflow.training import rollout as ro  # noqa: E402
+from marlflow.training.trainer import _grpo_args  # noqa: E402
 
-# GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.trainer._grpo_args)
+# GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.training.trainer._grpo_args)
 SAME = (
     "num_generations",
     "max_completion_length",
@@ -144,7 +144,7 @@ def load_of(calls, index: torch.Tensor, group_size: int, n: int | None = None) -
 
 
 def _capturing_flatten(cfg, episodes):
-    """marlflow.rollout.flatten, keeping the step's Batch (calls, advantages, group index) as update() sees it."""
+    """marlflow.training.rollout.flatten, keeping the step's Batch (calls, advantages, group index) as update() sees it."""
     batch = _FLATTEN(cfg, episodes)
     _BATCHES.append(batch)
     return batch
@@ -261,7 +261,7 @@ def trl_trainer(
         raise SystemExit(f"TRL's GRPOConfig differs from ours in {diff}")
     targets = (
         g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
-    )  # as marlflow.models.attach_adapters
+    )  # as marlflow.models.loading.attach_adapters
     lora = LoraConfig(
         r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
     )
@@ -490,7 +490,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", help="write every step's numbers and the summary here")
     args = setup(ap.parse_args(argv))
     if not Path(args.model, "config.json").exists():
-        raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow.models`")
+        raise SystemExit(
+            f"--model {args.model}: no model there; build one with `python -m marlflow.models.loading`"
+        )
     logging.getLogger("marlflow").setLevel(logging.WARNING)
     results = {}
     for run_id, cfg in toy_cells(args).items():

@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/bench_warmstart_step.py [--threads 2] [--steps 25] [--reps 3]
         [--quick]   # tiny mode (benchmarks/harness.py): 1 round of 2 steps on a tenth of the corpus
 
-Builds the toy corpus and tokenizer as `marlflow.toybuild` does (a smaller corpus), then times `--steps` optimizer
+Builds the toy corpus and tokenizer as `marlflow.models.toybuild` does (a smaller corpus), then times `--steps` optimizer
 steps of each variant on the same length-bucketed batches, `--reps` rounds with the variants interleaved, and
 prints milliseconds per step per round. It also prints the machine's fp32 matmul rate on the model's shapes,
 because the toy build is compute-bound and its time follows that rate from machine to machine; and whether torch
@@ -21,10 +21,10 @@ from functools import partial
 import torch
 from harness import interleaved, parser, setup
 
-from marlflow import toybuild as tb
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
+from marlflow.models import toybuild as tb
+from marlflow.models.warmstart import build_examples
 from marlflow.tasks import get_task
-from marlflow.warmstart import build_examples
 
 
 def matmul_gflops(threads: int, n: int = 200) -> float:

@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from marlflow.environment import source_commit
-from marlflow.workflows.spec import BUILTIN
+from marlflow.core.workflow_spec import BUILTIN
+from marlflow.training.environment import source_commit
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOWS = BUILTIN  # the shipped workflows in table order (marlflow.workflows.spec)
+WORKFLOWS = BUILTIN  # the shipped workflows in table order (marlflow.core.workflow_spec)
 
 
 def parser(doc: str, reps: int = 3, model: str | None = "results/models/toy") -> argparse.ArgumentParser:
@@ -80,11 +80,13 @@ def _model_folder(model: str) -> str:
     ):
         return model
     if Path(model) == Path("results/models/toy"):
-        from marlflow.models import SHIPPED_TOY
+        from marlflow.models.loading import SHIPPED_TOY
 
         print(f"{model} not there yet (`make run` copies it): using the shipped toy model {SHIPPED_TOY}")
         return str(SHIPPED_TOY)
-    raise SystemExit(f"--model {model}: no such folder; pass a model folder (e.g. src/marlflow/toy_model)")
+    raise SystemExit(
+        f"--model {model}: no such folder; pass a model folder (e.g. src/marlflow/models/toy_model)"
+    )
 
 
 def commit() -> str:
@@ -96,7 +98,7 @@ def environment() -> str:
     """One line naming what a number depends on: CPU, cores, torch and its kernel level, threads, commit."""
     import torch
 
-    from marlflow.toybuild import cpu_info
+    from marlflow.models.toybuild import cpu_info
 
     return (
         f"machine: {cpu_info()['cpu_model']}, {os.cpu_count()} cores, "
@@ -107,8 +109,8 @@ def environment() -> str:
 
 def toy_configs(args: argparse.Namespace, preset: str = "toy") -> dict:
     """run id -> RunConfig of `preset`'s runs in args.matrix, with args.model as the model."""
-    from marlflow.config import RunConfig
-    from marlflow.matrix import run_sheet
+    from marlflow.core.config import RunConfig
+    from marlflow.pipeline.matrix import run_sheet
 
     sheet = run_sheet(args.matrix, preset=preset)
     return {

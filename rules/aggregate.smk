@@ -1,12 +1,12 @@
 # All runs of the preset (or slice) -> tidy summary tables (peak/terminal/cliff, failure signatures, gradient dynamics, seed CIs,
-# contrasts, claims, the pooled interventions). The output list is marlflow.aggregate.OUTPUTS itself, so rule and module agree.
+# contrasts, claims, the pooled interventions). The output list is marlflow.analysis.aggregate.OUTPUTS itself, so rule and module agree.
 import json
 
-from marlflow.aggregate import OUTPUTS as AGGREGATE_OUTPUTS
-from marlflow.matrix import analysis_of
+from marlflow.analysis.aggregate import OUTPUTS as AGGREGATE_OUTPUTS
+from marlflow.pipeline.matrix import analysis_of
 
-# The preset's analyses declared before its runs (matrix.yaml `analysis:`, validated by marlflow.matrix), as
-# JSON for `marlflow.aggregate --analysis`; a params change reruns the rule.
+# The preset's analyses declared before its runs (matrix.yaml `analysis:`, validated by marlflow.pipeline.matrix), as
+# JSON for `marlflow.analysis.aggregate --analysis`; a params change reruns the rule.
 AGGREGATE_ANALYSIS = json.dumps(
     analysis_of(config["matrix"], config.get("preset")), sort_keys=True
 )
@@ -27,4 +27,4 @@ rule aggregate:
         tables=lambda wildcards, output: os.path.dirname(output[0]),
         analysis=AGGREGATE_ANALYSIS,
     shell:
-        "python -m marlflow.aggregate --runs {input.metrics} --out {params.tables:q} --analysis {params.analysis:q} > {log} 2>&1"
+        "python -m marlflow aggregate --runs {input.metrics} --out {params.tables:q} --analysis {params.analysis:q} > {log} 2>&1"

@@ -3,7 +3,7 @@ import os
 import sys
 import re
 
-from marlflow.matrix import (
+from marlflow.pipeline.matrix import (
     ALIASES,
     AXES,
     MatrixError,
@@ -31,7 +31,7 @@ def _load_sheet():
         # results/presets/<preset>[/slice-...] otherwise, so that none overwrites another's.
         return sheet, output_dir(config["matrix"], config.get("preset"), overrides)
     except MatrixError as err:
-        # Same one-paragraph message and exit code as `python -m marlflow.matrix`, no traceback.
+        # Same one-paragraph message and exit code as `python -m marlflow.pipeline.matrix`, no traceback.
         print(f"error: {err}", file=sys.stderr)
         sys.stderr.flush()
         sys.exit(2)
@@ -77,8 +77,8 @@ def _refuse_runs_that_do_not_fit():
         return
     import json
 
-    from marlflow.config import RunConfig
-    from marlflow.plan import refusal
+    from marlflow.core.config import RunConfig
+    from marlflow.pipeline.plan import refusal
 
     for rid, row in SHEET.iterrows():
         res = table.get(row["scale"]) or {}
@@ -96,7 +96,7 @@ def _refuse_runs_that_do_not_fit():
 _refuse_runs_that_do_not_fit()
 RUN_IDS = list(SHEET.index)
 # One model folder per (scale, toy build): results/models/<scale>, or results/models/toy-b<b> for a build b > 0
-# of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.matrix.model_of).
+# of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.pipeline.matrix.model_of).
 MODEL_FOLDERS = {
     model_of(sc, b): {"scale": sc, "build": int(b), "model": m}
     for sc, b, m in zip(SHEET["scale"], SHEET["build"], SHEET["model"])
@@ -133,7 +133,7 @@ def toy_build_options(folder):
     ).strip()
 
 
-# Longest first: a train job's priority is the rank of its estimated work (marlflow.matrix.work_estimate),
+# Longest first: a train job's priority is the rank of its estimated work (marlflow.pipeline.matrix.work_estimate),
 # so the matrix does not end with one long run on an otherwise idle machine.
 _WORK = {r: work_estimate(c) for r, c in SHEET["config"].items()}
 PRIORITY = {

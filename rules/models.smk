@@ -1,4 +1,4 @@
-# One model folder per scale and toy build: toy is copied from the model shipped in src/marlflow/toy_model/
+# One model folder per scale and toy build: toy is copied from the model shipped in src/marlflow/models/toy_model/
 # after its weights hash is checked (or built here when toy_build gives other settings or --build, or for a
 # build b > 0 of the `build` axis: `--seed b` into results/models/toy-b<b>), smol is converted locally, hub
 # scales get a validated pointer. The whole folder is the output, because what `prepare` writes differs by
@@ -20,5 +20,5 @@ rule models:
         # adds `--seed b` (common.smk refuses a toy_build that sets --seed as well).
         toy_build=lambda wildcards: toy_build_options(wildcards.folder),
     shell:
-        "python -m marlflow.models prepare --scale {params.scale} --model {params.model:q}"
+        "python -m marlflow models prepare --scale {params.scale} --model {params.model:q}"
         " --out {output:q} {params.toy_build} > {log} 2>&1"

@@ -1,8 +1,8 @@
 # Tables + per-run metrics -> figures, the overview page and one page per run.
-# Every file marlflow.report writes is declared, generated from its own output contract (`outputs()`).
+# Every file marlflow.report.build writes is declared, generated from its own output contract (`outputs()`).
 import json
 
-from marlflow.report import outputs as report_outputs
+from marlflow.report.build import outputs as report_outputs
 from marlflow.tasks.solution_metrics import names_of as solution_metric_names
 
 # Under OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's folder.
@@ -48,5 +48,5 @@ rule report:
             os.path.dirname(output.pages[0]) if output.pages else REPORT_PAGES
         ),
     shell:
-        "python -m marlflow.report --tables {params.tables:q} --runs {input.metrics:q}"
+        "python -m marlflow report --tables {params.tables:q} --runs {input.metrics:q}"
         " --figures {params.figures:q} --html {output.html:q} --pages {params.pages:q} > {log} 2>&1"

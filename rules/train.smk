@@ -1,5 +1,5 @@
 # One training run per row of the run sheet.
-from marlflow.distributed import ranks_gpu_refusal, run_ranks
+from marlflow.training.distributed import ranks_gpu_refusal, run_ranks
 
 
 # Writing a small JSON file is not worth a cluster job.
@@ -34,10 +34,10 @@ if _mismatch:
     sys.exit(2)
 
 
-# Outputs are what `python -m marlflow.train` writes (its docstring; tests/test_rules.py checks a real run
+# Outputs are what `python -m marlflow train` writes (its docstring; tests/test_rules.py checks a real run
 # against them). RUN/checkpoints/ is deliberately not an output: it is the job's resume state, and
 # Snakemake deletes a job's outputs before it runs and after it fails, which would throw away exactly
-# what a rerun resumes from. Nor is RUN/environment.jsonl (marlflow.environment): each attempt appends the
+# what a rerun resumes from. Nor is RUN/environment.jsonl (marlflow.training.environment): each attempt appends the
 # machine it starts on, and deleting it would lose the machines of the attempts before.
 rule train:
     input:
@@ -59,7 +59,7 @@ rule train:
     # runtime never depends on `attempt`: a resubmitted job (exit 75 after a checkpoint) gets the same limit.
     # A run of N ranks (RunConfig.ranks) is one job of N SLURM tasks, each with cpus_per_task CPUs and (on
     # GPUs) one GPU, and mem_mb per rank; the trainer starts the ranks itself (srun inside the job, torchrun
-    # without SLURM; marlflow.distributed.launch_argv). tasks_per_gpu 1: SLURM's executor would otherwise give
+    # without SLURM; marlflow.training.distributed.launch_argv). tasks_per_gpu 1: SLURM's executor would otherwise give
     # each GPU `tasks` tasks.
     resources:
         gpu=scale_resource("gpu", 0),
@@ -79,11 +79,11 @@ rule train:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
     # `exec`: the trainer replaces the rule's bash, so a SIGTERM (scancel, preemption) that SLURM sends to every
     # process of the job step reaches the trainer without killing a shell in between; the step's Snakemake
-    # waits for it while it checkpoints (exit 75, marlflow.preempt). Without it, bash died of SIGTERM and
+    # waits for it while it checkpoints (exit 75, marlflow.training.preempt). Without it, bash died of SIGTERM and
     # Snakemake ended the step with the trainer still saving (docs/environment.md, "Preemption"). A run of N
     # ranks: that process is the ranks' launcher; it waits for them and exits with the run's code, 75 included
-    # (marlflow.distributed.launch).
+    # (marlflow.training.distributed.launch).
     # --log: the trainer writes its own log, keeping an earlier attempt's (a killed, resumed job) as
     # LOG.attempt-N instead of overwriting it.
     shell:
-        "exec python -m marlflow.train --config {input.config:q} --out {params.run_dir:q} --log {log:q}"
+        "exec python -m marlflow train --config {input.config:q} --out {params.run_dir:q} --log {log:q}"

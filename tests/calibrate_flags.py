@@ -1,5 +1,5 @@
 """Error rates of the run flags by simulation: capture (marlflow.analysis.failures), and stagnation and
-collapse (marlflow.analysis.stats.curve_tests) on curves with a real gain, and the cliff test on flat runs
+collapse (marlflow.core.stats.curve_tests) on curves with a real gain, and the cliff test on flat runs
 and on the realistic cliff shapes (`cliff_rates`: a rise from the base, then a 12-point drop over the last 3
 evals, or at the last eval only). tests/test_calibration.py asserts the rates docs/reference.md states.
 
@@ -24,9 +24,9 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.definitions import FORMAT_RISE, LENGTH_GROWTH, MARKER_RISE
 from marlflow.analysis.failures import length_rise_test, share_rise_test
-from marlflow.analysis.stats import curve_tests
+from marlflow.core.definitions import FORMAT_RISE, LENGTH_GROWTH, MARKER_RISE
+from marlflow.core.stats import curve_tests
 
 assert FORMAT_RISE == MARKER_RISE, "false_capture_rates simulates rules (b) and (c) as one"
 

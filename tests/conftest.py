@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory):
     """A toy model with a short warm start: real tokenizer, chat template and weights, built here."""
-    from marlflow.toybuild import build_toy
+    from marlflow.models.toybuild import build_toy
 
     out = tmp_path_factory.mktemp("toy-model")
     build_toy(out, seed=0, steps=40, batch_size=16, eval_n=0, solve_steps=0)
@@ -22,7 +22,7 @@ def toy_model_dir(tmp_path_factory):
 
 @pytest.fixture
 def make_cfg(toy_model_dir):
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     def make(workflow="voting", sharing="ip", task="toy_math", steps=2, **grpo):
         params = dict(steps=steps, problems_per_step=2, group_size=4, learning_rate=1e-2, warmup_steps=0,
@@ -47,10 +47,10 @@ def make_cfg(toy_model_dir):
 
 @pytest.fixture
 def preempt_installed():
-    """marlflow.preempt's handlers installed on a clean state; the process's own handlers put back after."""
+    """marlflow.training.preempt's handlers installed on a clean state; the process's own handlers put back after."""
     import signal
 
-    from marlflow import preempt
+    from marlflow.training import preempt
 
     saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
     preempt.reset()

@@ -1,4 +1,4 @@
-"""`python tests/parity_train.py --config C --out D`: marlflow.train with the test-only `parity` and `drift`
+"""`python tests/parity_train.py --config C --out D`: marlflow.cli.train with the test-only `parity` and `drift`
 tasks.
 
 The parity task (reward = output length is odd) gives every GRPO group reward variance even on a barely
@@ -7,13 +7,13 @@ trained model, so subprocess tests of resume and kills exercise real, non-zero u
 The drift task trains on parity too, but scores a held-out problem (a test problem, or one of the run's
 validation problems, `Drift.held_out`) 1 only while the workflow's output is the one it gave at its first
 evaluation, step 0's. The record sits beside the run folder, one per step-0 evaluation
-(`marlflow.base_eval.key`): a resumed run, and a run that reads step 0 from the cell's shared evaluation instead
+(`marlflow.training.base_eval.key`): a resumed run, and a run that reads step 0 from the cell's shared evaluation instead
 of scoring it itself, score against the same record.
 eval accuracy starts at 1 and falls as soon as training changes what the workflow says, a certain cliff for
 cliff_guard's tests, and it comes back to 1 when the first eval's weights are restored.
 
 MARLFLOW_TEST_SIGNAL=SIGNAL@POINT:STEP makes the process send itself a real SIGNAL (SIGTERM, SIGUSR1) at a
-named point of training step STEP, for the preemption tests (marlflow.preempt): `rollout` = just after the
+named point of training step STEP, for the preemption tests (marlflow.training.preempt): `rollout` = just after the
 step's first generate call of its rollout (the next stage is still to come), `update` = as the update starts.
 """
 
@@ -61,8 +61,8 @@ def signal_at(spec: str) -> None:
     """Wrap the trainer so that it signals itself at `spec` = SIGNAL@POINT:STEP (see the module docstring)."""
     import signal
 
-    from marlflow import trainer as T
     from marlflow import workflows
+    from marlflow.training import trainer as T
 
     name, point = spec.split("@")
     point, step = point.split(":")
@@ -104,10 +104,10 @@ def signal_at(spec: str) -> None:
 
 
 if __name__ == "__main__":
-    from marlflow import base_eval
-    from marlflow.config import RunConfig
+    from marlflow.cli.train import main
+    from marlflow.core.config import RunConfig
     from marlflow.tasks.splits import run_splits
-    from marlflow.train import main
+    from marlflow.training import base_eval
 
     if os.environ.get("MARLFLOW_TEST_SIGNAL"):
         signal_at(os.environ["MARLFLOW_TEST_SIGNAL"])

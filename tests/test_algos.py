@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from marlflow import algos
+from marlflow.core import algos
 
 
 def test_group_ids_first_seen_order():

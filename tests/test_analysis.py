@@ -8,11 +8,11 @@ import math
 import pandas as pd
 import pytest
 
-from marlflow import aggregate
 from marlflow.analysis import (
     FAILURE_COLUMNS,
     GRAD_COLUMNS,
     SUMMARY_COLUMNS,
+    aggregate,
     eval_curves,
     failure_signatures,
     grad_dynamics,
@@ -26,14 +26,8 @@ from marlflow.analysis import (
 )
 from marlflow.analysis.io import SAMPLE_COLUMNS
 from marlflow.analysis.plots import plot_curves, plot_grad_norm, plot_role_share, png_bytes
-from marlflow.metrics import (
-    METRIC_COLUMNS,
-    atomic_write_parquet,
-    rows,
-    validate_metrics,
-    with_build,
-    write_metrics,
-)
+from marlflow.store.atomic import atomic_write_parquet
+from marlflow.store.schema import METRIC_COLUMNS, rows, validate_metrics, with_build, write_metrics
 
 
 def factors(run_id: str) -> dict:
@@ -121,7 +115,7 @@ def build_samples() -> pd.DataFrame:
 @pytest.fixture
 def metrics() -> pd.DataFrame:
     from marlflow.analysis.io import check_metrics
-    from marlflow.metrics import validate_metrics
+    from marlflow.store.schema import validate_metrics
 
     return check_metrics(validate_metrics(pd.concat(build_runs().values(), ignore_index=True)))
 
@@ -455,7 +449,7 @@ def test_heldout_peak_is_selected_on_validation_and_read_on_test():
 def test_evidence_tables_are_regenerated_from_committed_data():
     """Every results/evidence/<experiment>/ holds data with provenance, its tables/*.md are what its
     metrics.parquet renders to, and every table README.md or docs/ quote from it is that rendering."""
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
 
     folders = sorted(p for p in evidence.EVIDENCE.iterdir() if p.is_dir())
     assert folders, "no committed evidence under results/evidence"
@@ -478,7 +472,7 @@ def test_evidence_tables_are_regenerated_from_committed_data():
 
 
 def test_evidence_render_check_finds_an_edited_table(metrics, tmp_path):
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
 
     atomic_write_parquet(metrics, tmp_path / "exp" / "metrics.parquet")
     assert set(evidence.render("exp", tmp_path)) == set(evidence.TABLES)
@@ -490,14 +484,14 @@ def test_evidence_render_check_finds_an_edited_table(metrics, tmp_path):
 def _matrix_doc() -> dict:
     import yaml
 
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
 
     return yaml.safe_load((evidence.ROOT / "matrix.yaml").read_text())
 
 
 def test_intervention_analysis_is_declared_in_the_preset():
     """toy_interventions declares its pooled analysis as a schema key; matrix.analysis_of hands it to aggregate."""
-    from marlflow.matrix import analysis_of
+    from marlflow.pipeline.matrix import analysis_of
 
     ia = analysis_of(_matrix_doc(), "toy_interventions")["interventions"]
     assert ia == {"baseline": "none", "compare": ["kl", "coh", "srn", "cg", "mb"], "statistic": "terminal_mean3",
@@ -530,7 +524,7 @@ def test_intervention_analysis_is_declared_in_the_preset():
 def test_intervention_analysis_declaration_errors(edit, message):
     """A declaration that names what the preset does not run, or that aggregate could not compute, is refused
     when the matrix is read, with the key and the fix."""
-    from marlflow.matrix import MatrixError, analysis_of
+    from marlflow.pipeline.matrix import MatrixError, analysis_of
 
     doc = _matrix_doc()
     edit(doc["presets"]["toy_interventions"]["analysis"]["interventions"])
@@ -540,7 +534,7 @@ def test_intervention_analysis_declaration_errors(edit, message):
 
 def test_schema_statistics_are_the_pooled_tables():
     from marlflow.analysis.seeds import CORRECTIONS, INTERVENTION_STATS
-    from marlflow.matrix import schema
+    from marlflow.pipeline.matrix import schema
 
     props = schema()["$defs"]["intervention_analysis"]["properties"]
     assert props["statistic"]["enum"] == list(INTERVENTION_STATS)
@@ -622,7 +616,7 @@ def test_evidence_collect_pools_several_checkouts_with_each_commit(tmp_path):
     pooled data and records each checkout's commit and runs."""
     import subprocess
 
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
 
     runs = build_runs()
     halves = [dict(list(runs.items())[:3]), dict(list(runs.items())[3:])]
@@ -655,7 +649,7 @@ def test_evidence_collect_copies_the_summary_a_preset_wrote_for_exactly_its_runs
     """A non-default preset's aggregate writes results/presets/<preset>/tables/summary.parquet: collect copies
     that file (as the pipeline wrote it, here marked by a base no recomputation gives) when it covers exactly the
     collected runs, and computes the summary from the metrics when no file does."""
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
 
     runs = dict(list(build_runs().items())[:2])
     results = tmp_path / "checkout" / "results"
@@ -676,11 +670,11 @@ def test_evidence_collect_copies_the_summary_a_preset_wrote_for_exactly_its_runs
 
 
 def test_evidence_collect_groups_the_runs_environments(tmp_path):
-    """provenance.json names where the runs trained (their environment.jsonl, marlflow.environment): one entry per
+    """provenance.json names where the runs trained (their environment.jsonl, marlflow.training.environment): one entry per
     distinct environment with its hosts and runs, a start that a later fresh start discarded left out, and the
     runs with no record listed apart (their only record is the collecting machine's cpu / torch fields)."""
-    from marlflow import environment
-    from marlflow.analysis import evidence
+    from marlflow.cli import evidence
+    from marlflow.training import environment
 
     recorded, older = list(build_runs().items())[:2]
     results = tmp_path / "checkout" / "results"

@@ -1,6 +1,6 @@
 """Atomic writes under injected crashes: the old file survives, nothing torn is ever consumed.
 
-marlflow.metrics' writers put a temp file `.NAME.<random>.tmp` next to the destination and `os.replace`
+marlflow.store.schema' writers put a temp file `.NAME.<random>.tmp` next to the destination and `os.replace`
 it. A crash mid-write (an exception, a full disk, or SIGKILL) must leave the previous file intact and
 readable; an exception must also remove the temp file, and what SIGKILL leaves behind is hidden and ends
 in `.tmp`, so no rule, glob or reader ever takes it for the real output. Checkpoints are folders written
@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from marlflow import checkpoint
-from marlflow import metrics as MM
-from marlflow import train as T
-from marlflow.checkpoint import DiskFullError
+from marlflow.cli import train as T
+from marlflow.store import atomic as MM
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
+from marlflow.training import checkpoint
+from marlflow.training.checkpoint import DiskFullError
 
 OLD = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
 NEW = pd.DataFrame({"a": list(range(1000)), "b": ["new"] * 1000})
@@ -66,8 +66,7 @@ CHILD = """
 import os, pathlib, signal, sys
 import pandas as pd
 import pyarrow.parquet as pq
-from marlflow import metrics
-
+from marlflow.store import atomic as metrics
 def torn(where):  # part of the temp file reaches the disk, then the process dies without any cleanup
     with open(where, "wb") as fh:
         fh.write(b"PARTIAL" * 100)

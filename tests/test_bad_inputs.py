@@ -3,10 +3,10 @@
 Each bad input must give an error that names the problem and the fix (one line, no traceback, a non-zero
 exit code), or a documented, counted handling, and nothing already written may be lost. Matrix-file rows
 that tests/test_matrix.py already checks in-process are checked here only for what that file does not
-cover: the same message through Snakemake and through `python -m marlflow.matrix`.
+cover: the same message through Snakemake and through `python -m marlflow.pipeline.matrix`.
 
 Training rows use the real code paths: the toy model built by conftest's `make_cfg` fixture, the train
-CLI (`marlflow.train.main`, in-process or as a subprocess), and `build_trainer` for the trainer itself.
+CLI (`marlflow.cli.train.main`, in-process or as a subprocess), and `build_trainer` for the trainer itself.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from marlflow import matrix as M
-from marlflow import train as T
-from marlflow.config import TaskSpec
+from marlflow.cli import train as T
+from marlflow.cli.train import build_trainer
+from marlflow.core.config import TaskSpec
+from marlflow.pipeline import matrix as M
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer
-from marlflow.trainer import NaNLossError
+from marlflow.training.trainer import NaNLossError
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "matrix.yaml"
@@ -127,13 +127,13 @@ def _write_cfg(tmp_path, cfg) -> Path:
 
 
 def _train_main(tmp_path, cfg, capsys) -> tuple[int, str]:
-    """`python -m marlflow.train` in-process: (exit code, stderr); an escaping exception fails the test."""
+    """`python -m marlflow.cli.train` in-process: (exit code, stderr); an escaping exception fails the test."""
     code = T.main(["--config", str(_write_cfg(tmp_path, cfg)), "--out", str(tmp_path / "run")])
     return code, capsys.readouterr().err
 
 
 def _train_cli(tmp_path, cfg) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(_write_cfg(tmp_path, cfg)),
+    cmd = [sys.executable, "-m", "marlflow.cli.train", "--config", str(_write_cfg(tmp_path, cfg)),
            "--out", str(tmp_path / "run")]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -219,7 +219,7 @@ def test_run_config_not_json(tmp_path, capsys):
 # Run configs that are broken in each way issue 11 found, through the real CLI in a subprocess. They fail
 # before the model loads, so the model path need not exist.
 def _valid_cfg() -> dict:
-    from marlflow.config import GRPOParams, RunConfig
+    from marlflow.core.config import GRPOParams, RunConfig
 
     cfg = RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy",
                     task_axis="math", seed=0, task=TaskSpec(name="toy_math"), model="unused-model",
@@ -273,7 +273,7 @@ def test_train_cli_bad_run_config(tmp_path, case):
         path.write_bytes(edit)
     else:
         path.write_text(json.dumps(edit(_valid_cfg())))
-    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "marlflow.cli.train", "--config", str(path), "--out", str(tmp_path / "run")]
     out = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
@@ -337,7 +337,7 @@ def test_train_cli_bad_dataset_rows(tmp_path, case):
     cfg["task_axis"] = "code" if task != "gsm8k" else "math"
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    cmd = [sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "marlflow.cli.train", "--config", str(path), "--out", str(tmp_path / "run")]
     out = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
@@ -419,7 +419,7 @@ def test_nan_loss_skipped_counted_logged_then_stops(make_cfg, tmp_path, monkeypa
 
     monkeypatch.setattr(trainer, "_compute_loss", loss)
     with (
-        caplog.at_level(logging.WARNING, logger="marlflow.trainer"),
+        caplog.at_level(logging.WARNING, logger="marlflow.training.trainer"),
         pytest.raises(NaNLossError, match="2 consecutive steps had a non-finite loss") as exc,
     ):
         trainer.fit()

@@ -1,4 +1,4 @@
-"""The step-0 evaluation is computed once per cell and read by the cell's other runs (marlflow.base_eval).
+"""The step-0 evaluation is computed once per cell and read by the cell's other runs (marlflow.training.base_eval).
 
 What must hold: an IP run's own step-0 evaluation equals its SP sibling's (every metric and sample row but
 the factors and wall-clock seconds), so reading it changes nothing; a run that reads it, or that finds it
@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow import base_eval
-from marlflow.metrics import FACTOR_COLUMNS, SAMPLE_COLUMNS, VOLATILE_METRICS
-from marlflow.train import build_trainer, run
+from marlflow.cli.train import build_trainer, run
+from marlflow.store.schema import FACTOR_COLUMNS, SAMPLE_COLUMNS, VOLATILE_METRICS
+from marlflow.training import base_eval
 
 
 def _step0(trainer) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -55,7 +55,7 @@ def test_quick_means_one_round_and_the_environment_line_names_what_numbers_depen
 def test_a_checkout_before_make_run_benchmarks_the_shipped_toy_and_a_wrong_model_path_says_so(
     harness, tmp_path, monkeypatch, capsys
 ):
-    from marlflow.models import SHIPPED_TOY
+    from marlflow.models.loading import SHIPPED_TOY
 
     monkeypatch.chdir(tmp_path)  # no results/models/toy here
     assert harness._model_folder("results/models/toy") == str(SHIPPED_TOY)

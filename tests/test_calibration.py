@@ -1,4 +1,4 @@
-"""Calibration of the cliff test (analysis.stats.curve_tests), by simulation and through the aggregate CLI,
+"""Calibration of the cliff test (core.stats.curve_tests), by simulation and through the aggregate CLI,
 and of the capture rules (analysis.failures, simulated by tests/calibrate_flags.py).
 
 The rates asserted here are the ones docs/reference.md ("cliff") states, from the same seeded simulations
@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from marlflow.analysis.definitions import ALPHA
 from marlflow.analysis.failures import length_rise_test, share_rise_test
-from marlflow.analysis.stats import curve_tests
-from marlflow.metrics import rows, write_metrics
+from marlflow.core.definitions import ALPHA
+from marlflow.core.stats import curve_tests
+from marlflow.store.schema import rows, write_metrics
 
 RUNS = 10_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def _write(path, truths: np.ndarray, n: int, prefix: str, rng) -> list[str]:
 
 
 def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
-    """The real CLI (`python -m marlflow.aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
+    """The real CLI (`python -m marlflow.analysis.aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
     runs with a rise and a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 70% of
     the drops are (77-88% in the simulation of 10,000)."""
     rng = np.random.default_rng(3)
@@ -116,7 +116,7 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     truth[:, -3:] -= 0.12
     drops = _write(tmp_path / "drop" / "metrics.parquet", truth, 200, "drop", rng)
     out = tmp_path / "tables"
-    cmd = [sys.executable, "-m", "marlflow.aggregate", "--runs", str(tmp_path / "flat" / "metrics.parquet"),
+    cmd = [sys.executable, "-m", "marlflow.analysis.aggregate", "--runs", str(tmp_path / "flat" / "metrics.parquet"),
            str(tmp_path / "drop" / "metrics.parquet"), "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

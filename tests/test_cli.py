@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow.metrics import METRIC_COLUMNS, SAMPLE_COLUMNS, VOLATILE_METRICS, validate_metrics
+from marlflow.store.schema import METRIC_COLUMNS, SAMPLE_COLUMNS, VOLATILE_METRICS, validate_metrics
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 
@@ -64,8 +64,8 @@ def tree_digest(folder: Path, skip: str = "evals") -> dict[str, str]:
 @pytest.fixture(scope="module")
 def trained_run(toy_model_dir, tmp_path_factory):
     """results/runs/<id>/ of a finished 2-step Voting IP run, as Snakemake leaves it."""
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.train import run
+    from marlflow.cli.train import run
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     params = dict(steps=2, problems_per_step=2, group_size=4, learning_rate=2e-2, warmup_steps=0,
                   lr_scheduler="constant", eval_every=1, save_every=1, max_completion_length=12,
@@ -186,7 +186,7 @@ def test_eval_on_another_task_uses_that_tasks_completion_budget(trained_run):
     df = pd.read_parquet(run_dir / "evals" / "toy_code-step0.parquet")
     assert df[(df.role == "all") & (df.metric == "max_new_tokens")].value.tolist() == [40.0]
     # the run's own task keeps the run's own budget (toy_math_parity is registered in this process only)
-    from marlflow.evaluate import task_budget
+    from marlflow.cli.evaluate import task_budget
 
     assert task_budget(cfg, cfg.task.name, run_dir)[0] == 12
 
@@ -214,7 +214,7 @@ def test_eval_warns_when_answers_hit_the_budget(trained_run):
 def test_eval_of_the_runs_own_task_reproduces_the_training_evaluation(trained_run):
     """Same adapters, same seeded sampling stream, same code path: the step-2 numbers come back exactly
     (all but the wall-clock timings)."""
-    from marlflow.evaluate import EVAL_ONLY_METRICS, evaluate_run
+    from marlflow.cli.evaluate import EVAL_ONLY_METRICS, evaluate_run
 
     run_dir, _ = trained_run
     path, df = evaluate_run(run_dir, step=2)
@@ -234,7 +234,7 @@ def test_eval_of_the_runs_own_task_reproduces_the_training_evaluation(trained_ru
 
 
 def test_eval_step_zero_is_the_base_workflow(trained_run):
-    from marlflow.evaluate import evaluate_run
+    from marlflow.cli.evaluate import evaluate_run
 
     run_dir, _ = trained_run
     _, df = evaluate_run(run_dir, step=0)
@@ -275,7 +275,7 @@ def test_chat_answers_piped_lines_with_the_roles_adapter(trained_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marlflow.runs import run_root
+    from marlflow.models.runs import run_root
     from marlflow.workflows import prompts
 
     run_dir, cfg = trained_run

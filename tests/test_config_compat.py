@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from marlflow.config import OMITTED_AT_DEFAULT, GRPOParams, RunConfig, TaskSpec
-from marlflow.matrix import run_sheet
+from marlflow.core.config import OMITTED_AT_DEFAULT, GRPOParams, RunConfig, TaskSpec
+from marlflow.pipeline.matrix import run_sheet
 
 MATRIX = Path(__file__).resolve().parents[1] / "matrix.yaml"
 
@@ -89,7 +89,7 @@ def test_gradient_checkpointing_auto_is_on_at_hub_scales():
 )
 def test_bad_values_name_the_field(kw, message):
     """One range check per field (config.BOUNDS, with BOUND_NOTES' reason); cross-field rules in __post_init__."""
-    from marlflow.config import ConfigError
+    from marlflow.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         _cfg(**{k: GRPOParams(**v) if k == "grpo" else v for k, v in kw.items()})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
 from marlflow.tasks import get_task
 from marlflow.tasks.datasets import DataError
 

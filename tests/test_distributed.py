@@ -1,4 +1,4 @@
-"""marlflow.distributed: the pure helpers on toy tensors, and the collectives with 2 real gloo processes on the
+"""marlflow.training.distributed: the pure helpers on toy tensors, and the collectives with 2 real gloo processes on the
 CPU (started by torchrun, or with srun's environment variables set by hand), including a rank killed with
 SIGKILL and a rank that stops answering: the survivor must fail within seconds, not hang.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from marlflow import distributed as D
-from marlflow import preempt
+from marlflow.training import distributed as D
+from marlflow.training import preempt
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -118,11 +118,11 @@ def test_launch_argv():
     cmd = D.launch_argv(2, argv, {})
     assert cmd[1:3] == ["--standalone", "--nproc-per-node=2"]
     assert cmd[3:7] == ["--signals-to-handle=SIGTERM,SIGINT,SIGUSR1", f"--shutdown-timeout={D.STOP_GRACE_S}",
-                        "-m", "marlflow.train"] and cmd[7:] == argv  # fmt: skip
+                        "-m", "marlflow.cli.train"] and cmd[7:] == argv  # fmt: skip
     cmd = D.launch_argv(4, argv, {"SLURM_JOB_ID": "7"}, device="cuda", threads=8)
     assert cmd[:6] == ["srun", "--ntasks=4", "--overlap", "--kill-on-bad-exit=1", "--cpus-per-task=8",
                        "--gpus-per-task=1"]  # fmt: skip
-    assert cmd[6:] == [sys.executable, "-m", "marlflow.train", *argv]
+    assert cmd[6:] == [sys.executable, "-m", "marlflow.cli.train", *argv]
     rank = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"}
     assert D.launch_argv(2, argv, rank) is None  # already a rank: train
     with pytest.raises(D.DistributedError, match="ranks 4"):
@@ -137,7 +137,7 @@ def test_launch_env_keeps_the_job_and_drops_the_launching_steps_settings():
 
 def _cfg(workflow="single", sharing="sp", model="results/models/toy", grpo=(), **run):
     """A toy run config: the planner-free defaults of a 2-step run; grpo None: small update-test settings."""
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     g = dict(steps=2, eval_every=1, problems_per_step=4)
     if run.get("ranks", 1) > 1:  # several ranks sample a 1-rank run's episodes only with per-call seeds
@@ -151,13 +151,13 @@ def _cfg(workflow="single", sharing="sp", model="results/models/toy", grpo=(), *
 
 
 def test_config_ranks():
-    from marlflow.config import ConfigError, RunConfig, config_fingerprint
+    from marlflow.core.config import ConfigError, RunConfig, config_fingerprint
 
     assert _cfg().ranks == 1 and "ranks" not in _cfg().to_dict()  # config.json of 1-rank runs is unchanged
     two = _cfg(ranks=2)
     assert two.to_dict()["ranks"] == 2 and RunConfig.from_dict(two.to_dict()) == two
     # Part of the training identity; a checkpoint that differs in ranks alone is resumed from all the same with
-    # per-call seeds (marlflow.checkpoint.rank_change_refusal; tests/test_dp_train.py).
+    # per-call seeds (marlflow.training.checkpoint.rank_change_refusal; tests/test_dp_train.py).
     assert config_fingerprint(two.to_dict()) != config_fingerprint(_cfg().to_dict())
     with pytest.raises(ConfigError, match="ranks is 5 but grpo.problems_per_step is 4"):
         _cfg(ranks=5)
@@ -172,7 +172,7 @@ def test_ranks_from_matrix_yaml_to_the_run_sheet():
     is refused with the field's message, like any run setting."""
     import yaml
 
-    from marlflow.matrix import MatrixError, run_sheet
+    from marlflow.pipeline.matrix import MatrixError, run_sheet
 
     doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     doc["presets"]["smoke"]["run"] = {"ranks": 2, "sampling_seeds": "per_call"}
@@ -270,10 +270,10 @@ def _update_run(cfg_dict: dict, env: D.Env, out: Path) -> dict:
     """One step's episodes rolled out in full (the same in every process: same seeds, one thread), then 3
     updates on this rank's share of them (its problems' calls, advantages from the full groups): the adapters
     and per-role stats after each."""
-    from marlflow import rollout as ro
-    from marlflow import update as upd
-    from marlflow.config import RunConfig
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
+    from marlflow.core.config import RunConfig
+    from marlflow.training import rollout as ro
+    from marlflow.training import update as upd
 
     grads: list = []  # each policy's gradient as the metrics, the intervention and clipping read it
     finish = upd.finish_policy
@@ -395,7 +395,7 @@ def test_two_ranks_update_like_one_process_sp_and_ip(tmp_path):
     1e-9 (about half of them here) turns a 1e-10 difference in summation order into ~1e-4 x lr
     (docs/slurm.md, "Several GPUs per run"). A wrong reduction (a mean instead of a sum, local loss
     normalisers) changes the gradient by a factor, which the gradient check catches and Adam would hide."""
-    model = ROOT / "src/marlflow/toy_model"
+    model = ROOT / "src/marlflow/models/toy_model"
     cfgs = [_cfg(model=str(model), grpo=None, workflow=w, sharing=sh) for w, sh in
             (("voting", "sp"), ("eval_opt", "ip"))]  # fmt: skip
     env = {"TEST_CFGS": json.dumps([c.to_dict() for c in cfgs]), "HF_HUB_OFFLINE": "1"}
@@ -461,7 +461,7 @@ def _launch(mode: str, out: Path) -> subprocess.Popen:
 
 
 def test_a_signal_to_the_launcher_stops_the_ranks_and_the_run_exits_75(tmp_path):
-    """SIGUSR1 to the launcher (marlflow.train's process for a ranks-2 run) reaches each torchrun rank once;
+    """SIGUSR1 to the launcher (marlflow.cli.train's process for a ranks-2 run) reaches each torchrun rank once;
     the ranks stop, rank 0 reports, and the run exits 75 although torchrun itself exits 1."""
     p = _launch("preempt", tmp_path)
     t0 = time.monotonic()
@@ -488,7 +488,7 @@ def test_a_killed_rank_ends_the_launch_with_a_failure_not_75(tmp_path):
 
 
 def launcher(mode: str, out: Path) -> int:
-    """marlflow.train's launcher branch around 2 torchrun ranks of `worker(mode)`: the run's exit code."""
+    """marlflow.cli.train's launcher branch around 2 torchrun ranks of `worker(mode)`: the run's exit code."""
     cmd = D.launch_argv(2, [], os.environ)
     cmd = [*cmd[: cmd.index("-m")], str(HERE), mode, str(out)]
     return D.launch(cmd, os.environ, out / ".preempted")

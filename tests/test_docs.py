@@ -243,7 +243,9 @@ def test_results_sections_quoted_in_docs_exist():
 
 def test_readme_names_the_shipped_toy_weights():
     """The README's expectations name the weights they were measured with: the model that ships."""
-    shipped = json.loads((ROOT / "src/marlflow/toy_model/warmstart.json").read_text())["weights_sha256"]
+    shipped = json.loads((ROOT / "src/marlflow/models/toy_model/warmstart.json").read_text())[
+        "weights_sha256"
+    ]
     assert f"`{shipped[:8]}…`" in README.read_text()
 
 
@@ -278,7 +280,7 @@ def test_results_three_seed_numbers_come_from_the_committed_evidence():
     cannot drift from the data."""
     import pandas as pd
 
-    from marlflow.analysis.definitions import TOY_BASE_BAND
+    from marlflow.core.definitions import TOY_BASE_BAND
 
     s = pd.read_parquet(ROOT / "results/evidence/toy_seeds/summary.parquet")
     text = (ROOT / "docs/results.md").read_text()

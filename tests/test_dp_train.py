@@ -15,7 +15,7 @@ What must be equal, and how closely:
 - the adapters within ADAPTER_ATOL after 3 steps (see there why that is not 1e-5).
 
 This file is also the worker those processes run: `python tests/test_dp_train.py OUT_DIR` with TEST_CFGS (a
-JSON list of run configs) trains each config into OUT_DIR/<run_id> with marlflow.train.run, in one process
+JSON list of run configs) trains each config into OUT_DIR/<run_id> with marlflow.cli.train.run, in one process
 group (torchrun's environment) or alone.
 """
 
@@ -36,7 +36,7 @@ import torch
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
-MODEL = ROOT / "src/marlflow/toy_model"
+MODEL = ROOT / "src/marlflow/models/toy_model"
 
 # Train rows that read only the sampled episodes (counts, rewards, advantages): equal exactly when the episodes
 # are.
@@ -64,7 +64,7 @@ def _cfg(workflow: str, sharing: str, ranks: int, cg: bool = False, steps: int =
     TensorBoard tracker (fed by rank 0 alone)."""
     from dataclasses import replace
 
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     g = dict(steps=steps, problems_per_step=2, group_size=4, learning_rate=1e-2, warmup_steps=0,
              lr_scheduler="constant", eval_every=2, save_every=1, max_completion_length=24, max_prompt_length=256,
@@ -82,9 +82,9 @@ def _cfg(workflow: str, sharing: str, ranks: int, cg: bool = False, steps: int =
 
 
 def worker(out: Path) -> int:
-    from marlflow import distributed
-    from marlflow.config import RunConfig
-    from marlflow.train import run
+    from marlflow.cli.train import run
+    from marlflow.core.config import RunConfig
+    from marlflow.training import distributed
 
     torch.set_num_threads(1)
     distributed.init("cpu", timeout_s=float(os.environ.get("TEST_TIMEOUT_S", "300")))
@@ -104,7 +104,7 @@ def _env(**extra) -> dict:
 
 
 def _torchrun(ranks: int) -> list[str]:
-    from marlflow import distributed
+    from marlflow.training import distributed
 
     cmd = distributed.launch_argv(ranks, [], _env())  # the launcher's own torchrun command
     return [*cmd[:3], str(HERE)]
@@ -211,13 +211,13 @@ def test_two_ranks_train_like_one(cells, tmp_path):
 
 
 def _cli(cfg, run: Path, log: Path) -> subprocess.Popen:
-    """`python -m marlflow.train` of `cfg` (its launcher starts cfg.ranks torchrun ranks)."""
+    """`python -m marlflow.cli.train` of `cfg` (its launcher starts cfg.ranks torchrun ranks)."""
     path = run.parent / f"{run.name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmd = [
         sys.executable,
         "-m",
-        "marlflow.train",
+        "marlflow.cli.train",
         "--config",
         str(path),
         "--out",
@@ -250,7 +250,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    """An uninterrupted `python -m marlflow.train` of the ranks-2 Single SP config: it trains (rank 0 logs as
+    """An uninterrupted `python -m marlflow.cli.train` of the ranks-2 Single SP config: it trains (rank 0 logs as
     one process does, rank 1 only warnings, prefixed with its rank)."""
     cfg2 = _cfg("single", "sp", 2)
     ref = tmp_path_factory.mktemp("ref") / cfg2.run_id
@@ -344,8 +344,8 @@ def test_a_stream_checkpoint_of_another_rank_count_is_refused(tmp_path):
     The same checkpoint under per-call seeds, or a checkpoint of another config, is not refused."""
     from dataclasses import replace
 
-    from marlflow.checkpoint import rank_change_refusal
-    from marlflow.config import config_fingerprint, training_identity
+    from marlflow.core.config import config_fingerprint, training_identity
+    from marlflow.training.checkpoint import rank_change_refusal
 
     stream = replace(_cfg("single", "sp", 1), sampling_seeds="stream")
     theirs = {**stream.to_dict(), "ranks": 2}

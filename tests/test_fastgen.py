@@ -1,4 +1,4 @@
-"""The contract of the CPU fast path (`marlflow.fastgen`): it samples the reference's tokens.
+"""The contract of the CPU fast path (`marlflow.generation.fastgen`): it samples the reference's tokens.
 
 The reference is the hf backend with MARLFLOW_FASTGEN=0: HF `generate` on a model with transformers' own
 "sdpa" attention, every prompt prefilled in full. The fast path is the default: `fastgen.sample`'s decode
@@ -30,8 +30,8 @@ import dataclasses
 import pytest
 import torch
 
-from marlflow import fastgen
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.generation import fastgen
 from marlflow.workflows import rollout
 
 
@@ -140,9 +140,9 @@ def test_the_switch(make_cfg, tmp_path, monkeypatch):
 
 
 def test_a_reference_run_does_not_reuse_a_fast_step0_evaluation(make_cfg, monkeypatch):
-    """Step-0 evaluations are shared across runs by a key of what they depend on (marlflow.base_eval); the
+    """Step-0 evaluations are shared across runs by a key of what they depend on (marlflow.training.base_eval); the
     sampler is one of those things, because in bf16 the two paths can draw different tokens."""
-    from marlflow import base_eval
+    from marlflow.training import base_eval
 
     cfg = make_cfg("single", "sp")
     monkeypatch.setenv(fastgen.ENV, "1")

@@ -1,4 +1,4 @@
-"""The hf backend's decode loop (`marlflow.fastgen.sample`) and grouped-query attention (`use_gqa_sdpa`).
+"""The hf backend's decode loop (`marlflow.generation.fastgen.sample`) and grouped-query attention (`use_gqa_sdpa`).
 
 `sample` replaces HF `generate` in the hf backend: these tests check that it returns exactly `generate`'s
 tokens (greedy and sampled from the same RNG state, with rows stopping at different steps), that a model whose
@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from marlflow.fastgen import GQA_SDPA, plain_sampling, use_gqa_sdpa
-from marlflow.sampling import Sampling
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.generation.fastgen import GQA_SDPA, plain_sampling, use_gqa_sdpa
+from marlflow.generation.sampling import Sampling
 from marlflow.workflows import rollout
 
 
@@ -165,7 +165,7 @@ def test_prefix_kv_reuse_samples_what_a_full_prefill_does(make_cfg, tmp_path, sh
 
 def test_prefix_kv_store():
     """Longest common prefix within a policy only; oldest entries dropped beyond the byte budget; clear."""
-    from marlflow.fastgen import PrefixKV
+    from marlflow.generation.fastgen import PrefixKV
 
     def kv(n):
         return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]  # 64 bytes per token and layer

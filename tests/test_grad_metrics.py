@@ -2,7 +2,7 @@
 
 The pure functions (own_scale, projection_shares, slot_amplification, ...) are tested on synthetic tensors
 in test_algos.py; here a real TRL step of the toy model must log them with the meaning
-marlflow.analysis.definitions gives: grad_norm = the gradient norm of the role's own mean loss (the number IP
+marlflow.core.definitions gives: grad_norm = the gradient norm of the role's own mean loss (the number IP
 would see for the same calls), proj_share summing to 1 over a policy's roles, the slot amplification of
 Voting's generators, the clip coefficient and the contributions before and after clipping, and ema_cos from
 the second step on. Reference gradients are computed with TRL's `_compute_loss` directly on the same calls.
@@ -18,13 +18,13 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow import algos
-from marlflow.analysis.definitions import solution_marker
-from marlflow.evaluation import EVAL_SEED_OFFSET
+from marlflow.cli.train import build_trainer
+from marlflow.core import algos
+from marlflow.core.definitions import solution_marker
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer
-from marlflow.update import flat_grad
+from marlflow.training.evaluation import EVAL_SEED_OFFSET
+from marlflow.training.update import flat_grad
 from marlflow.workflows import rollout
 
 
@@ -260,7 +260,7 @@ def test_grad_metrics_every_samples_the_vector_metrics(make_cfg, tmp_path):
 @pytest.mark.parametrize("field", ["grad_ema_window", "grad_metrics_every"])
 @pytest.mark.parametrize("value", [0, -3, 1.5, True])
 def test_bad_gradient_metric_settings_are_refused(field, value):
-    from marlflow.config import ConfigError, GRPOParams
+    from marlflow.core.config import ConfigError, GRPOParams
 
     with pytest.raises(ConfigError, match=f"grpo.{field}"):
         GRPOParams(**{field: value})

@@ -1,5 +1,6 @@
-"""The import graph of src/marlflow has no cycle, and the run-reading layer imports no command-line module;
-no function in src/marlflow is over MAX_FUNCTION_LINES lines (issue 26 item 2).
+"""The import graph of src/marlflow has no cycle, every import goes down the floors of LAYERS (never up, never
+sideways into another package of the same floor), the run-reading modules import no command-line module, and
+no function in src/marlflow is over MAX_FUNCTION_LINES lines.
 
 Every `import` / `from ... import` anywhere in a module counts, at module level or inside a function (a lazy
 import still ties the two modules together), with relative imports resolved. `from pkg import name` counts as
@@ -17,12 +18,36 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # Modules that parse command lines and drive a whole command; library modules must not need them.
-CLI_MODULES = {"marlflow.train", "marlflow.evaluate", "marlflow.cli", "marlflow.chat", "marlflow.__main__"}
+CLI_MODULES = {
+    "marlflow.cli.train",
+    "marlflow.cli.evaluate",
+    "marlflow.cli",
+    "marlflow.cli.chat",
+    "marlflow.__main__",
+}
+# The package's floors, lowest first: a module may import its own package and packages on lower floors.
+# Each package's __init__ docstring says what lives there; docs/architecture.md explains the order.
+LAYERS = (
+    ("store", "sandbox"),  # files on disk, atomic writers; the sandbox for model-written code
+    ("core",),  # RunConfig, WorkflowSpec, GRPO math, metric definitions, pure statistics
+    ("tasks",),  # problems, datasets, rewards
+    ("generation",),  # sampling, HF / fastgen / vLLM backends
+    ("workflows",),  # single, eval_opt, voting, orch_workers (episodes over a backend)
+    ("models",),  # loading, the toy build, run folders
+    ("interventions",),  # what an intervention changes in the loss or the loop
+    ("training",),  # the GRPO step and what keeps a run alive
+    ("pipeline",),  # matrix.yaml -> run sheet, the planner, Snakemake helpers
+    ("analysis",),  # tables, claims, figures (downstream of runs only)
+    ("report",),  # the HTML report
+    ("cli",),  # every command
+)
+# Top-level modules: the package root holds only __version__; __main__ is the `python -m marlflow` command.
+TOP_LEVEL = {"marlflow": 0, "marlflow.__main__": len(LAYERS)}
 # A function longer than this (its `def` line to its last line, nested functions included) is split.
 MAX_FUNCTION_LINES = 80
 # The only exception, with its length now: toybuild.py's bytes are hashed into the shipped toy model's
-# version (src/marlflow/toy_model), so splitting build_toy would make the shipped model stale.
-LONG_FUNCTIONS = {"marlflow.toybuild.build_toy": 83}
+# version (src/marlflow/models/toy_model), so splitting build_toy would make the shipped model stale.
+LONG_FUNCTIONS = {"marlflow.models.toybuild.build_toy": 83}
 
 
 def modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
@@ -98,9 +123,75 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def floor_of(module: str) -> int:
+    """The floor (index into LAYERS) of a marlflow module; KeyError names a package LAYERS does not place."""
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    package = module.split(".")[1]
+    for i, floor in enumerate(LAYERS):
+        if package in floor:
+            return i
+    raise KeyError(
+        f"{module}: package {package!r} is on no floor of LAYERS (tests/test_imports.py): place it"
+    )
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every edge that goes up a floor, or across to another package on the same floor."""
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            same_package = mod.split(".")[:2] == t.split(".")[:2]
+            if not same_package and (
+                floor_of(t) > floor_of(mod) or (floor_of(t) == floor_of(mod) and t != "marlflow")
+            ):
+                bad.append(f"{mod} (floor {floor_of(mod)}) imports {t} (floor {floor_of(t)})")
+    return bad
+
+
+def test_imports_go_down_the_floors():
+    assert not layer_violations(import_graph()), "imports against LAYERS:\n" + "\n".join(
+        layer_violations(import_graph())
+    )
+
+
+def test_every_package_is_on_a_floor_and_says_what_it_may_import():
+    for name, (path, is_pkg) in modules().items():
+        floor_of(name)
+        if is_pkg and name.count(".") == 1:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            assert doc, f"{path}: a package says in its docstring what lives there"
+
+
+def test_the_layer_check_sees_an_upward_and_a_sideways_import(tmp_path):
+    """The checker itself: training importing analysis (up), and store importing sandbox (same floor)."""
+    pkg = tmp_path / "marlflow"
+    for sub in ("training", "analysis", "store", "sandbox", "core"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "training" / "loop.py").write_text("def f():\n    from marlflow.analysis import x\n")
+    (pkg / "analysis" / "x.py").write_text("from marlflow.core import y\n")
+    (pkg / "core" / "y.py").write_text("import marlflow\n")
+    (pkg / "store" / "w.py").write_text("from marlflow.sandbox import z\n")
+    (pkg / "sandbox" / "z.py").write_text("")
+    bad = layer_violations(import_graph(tmp_path))
+    assert bad == [
+        "marlflow.store.w (floor 0) imports marlflow.sandbox (floor 0)",
+        "marlflow.store.w (floor 0) imports marlflow.sandbox.z (floor 0)",
+        "marlflow.training.loop (floor 7) imports marlflow.analysis (floor 9)",
+        "marlflow.training.loop (floor 7) imports marlflow.analysis.x (floor 9)",
+    ], bad
+
+
 def test_run_reading_modules_import_no_cli_module():
     graph = import_graph()
-    for lib in ("marlflow.runs", "marlflow.final", "marlflow.checkpoint", "marlflow.models"):
+    for lib in (
+        "marlflow.models.runs",
+        "marlflow.training.final",
+        "marlflow.training.checkpoint",
+        "marlflow.models.loading",
+    ):
         bad = reachable(graph, lib) & CLI_MODULES
         assert not bad, f"{lib} imports the command-line module(s) {sorted(bad)}, directly or through others"
 

@@ -13,10 +13,10 @@ from test_resume import kill_and_resume
 from transformers import AutoModelForCausalLM
 
 from marlflow import interventions as I
-from marlflow.config import ConfigError, RunConfig
+from marlflow.cli.train import build_trainer
+from marlflow.core.config import ConfigError, RunConfig
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer
 from marlflow.workflows import rollout
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marlflow.config import RunConfig
-from marlflow.matrix import MatrixError, check_run_ids, run_id, run_sheet
+from marlflow.core.config import RunConfig
+from marlflow.pipeline.matrix import MatrixError, check_run_ids, run_id, run_sheet
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "matrix.yaml"
@@ -119,14 +119,16 @@ def test_errors_name_the_key(edit, preset, overrides, expected):
 
 def test_cli_ok_and_json():
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.matrix", str(MATRIX), "--preset", "paper"],
+        [sys.executable, "-m", "marlflow.pipeline.matrix", str(MATRIX), "--preset", "paper"],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0, out.stderr
     assert "42 runs (preset paper)" in out.stdout
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.matrix", str(MATRIX), "--json"], capture_output=True, text=True
+        [sys.executable, "-m", "marlflow.pipeline.matrix", str(MATRIX), "--json"],
+        capture_output=True,
+        text=True,
     )
     assert len(json.loads(out.stdout)) == 14
 
@@ -136,7 +138,9 @@ def test_cli_invalid_exits_2_without_traceback(tmp_path):
     bad.write_text(
         MATRIX.read_text().replace("eval_opt, voting, orch_workers]", "eval_opt, votng, orch_workers]", 1)
     )
-    out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(bad)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow.pipeline.matrix", str(bad)], capture_output=True, text=True
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "presets.toy.axes.workflow[2]" in out.stderr and "'votng'" in out.stderr
@@ -165,7 +169,7 @@ def test_exclude_drops_matching_cells_only():
 
 def test_work_estimate_puts_the_longest_runs_first():
     """The train rule's priority: completion tokens generated at most, training rollouts plus evaluations."""
-    from marlflow.matrix import work_estimate
+    from marlflow.pipeline.matrix import work_estimate
 
     sheet = run_sheet(ROOT / "matrix.yaml", "toy")
     w = {r: work_estimate(c) for r, c in sheet["config"].items()}
@@ -212,7 +216,9 @@ def test_two_presets_that_train_one_run_id_differently_are_rejected(tmp_path):
     # The CLI (and the Snakefile, which calls the same check) refuses the file: exit 2, one line.
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(edited(longer)))
-    out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "marlflow.pipeline.matrix", str(path)], capture_output=True, text=True
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr and "toy_more" in out.stderr
 
 
@@ -253,7 +259,7 @@ def test_metrics_written_before_the_build_axis_read_as_build_0(tmp_path):
     import pandas as pd
 
     from marlflow.analysis.io import load_runs
-    from marlflow.metrics import FACTOR_COLUMNS
+    from marlflow.store.schema import FACTOR_COLUMNS
 
     old = dict(run_id="voting-ip-toy-math-s0", workflow="voting", sharing="ip", scale="toy", task="math", seed=0,
                intervention="none", step=0, split="eval", role="all", metric="accuracy", value=0.5)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Broken matrix files, one per class of issue 11: `python -m marlflow.matrix FILE` must exit 2 within
+"""Broken matrix files, one per class of issue 11: `python -m marlflow.pipeline.matrix FILE` must exit 2 within
 seconds, in bounded memory, with no traceback and at most 4 KB of message that names the offending key.
 
 Each case is a real file handed to the real CLI in a subprocess under an address-space limit
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marlflow import config as C
-from marlflow.matrix import MatrixError, run_sheet
+from marlflow.core import config as C
+from marlflow.pipeline.matrix import MatrixError, run_sheet
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "matrix.yaml"
@@ -120,7 +120,7 @@ def _cpu_of_children() -> float:
 def _run(path: Path, *args) -> tuple[subprocess.CompletedProcess, float]:
     """The CLI's result and the CPU seconds it used (not wall time, which a loaded machine inflates)."""
     t0 = _cpu_of_children()
-    out = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(path), *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "marlflow.pipeline.matrix", str(path), *args], capture_output=True,
                          text=True, timeout=120, preexec_fn=_limit, cwd=ROOT)  # fmt: skip
     return out, _cpu_of_children() - t0
 

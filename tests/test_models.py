@@ -1,4 +1,4 @@
-"""marlflow.models and marlflow.toybuild: the toy build (tokenizer, chat template, weight hash, determinism),
+"""marlflow.models.loading and marlflow.models.toybuild: the toy build (tokenizer, chat template, weight hash, determinism),
 prepare's READY, loader errors, and that loading imports no builder."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from marlflow import models, toybuild
+from marlflow.models import loading as models
+from marlflow.models import toybuild
 from marlflow.workflows import prompts
 
 TINY = {"steps": 3, "batch_size": 8, "eval_n": 0, "solve_steps": 0}
@@ -103,9 +104,9 @@ def test_bad_build_settings_are_refused(tmp_path):
 
 
 def test_loading_imports_no_builder():
-    """A train job imports marlflow.models (loading) and marlflow.train; neither pulls in the toy builder."""
-    code = ("import sys, marlflow.models, marlflow.train; "
-            "print([m for m in ('marlflow.toybuild', 'marlflow.warmstart') if m in sys.modules])")  # fmt: skip
+    """A train job imports marlflow.models.loading (loading) and marlflow.cli.train; neither pulls in the toy builder."""
+    code = ("import sys, marlflow.models.loading, marlflow.cli.train; "
+            "print([m for m in ('marlflow.models.toybuild', 'marlflow.models.warmstart') if m in sys.modules])")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -166,7 +167,7 @@ def test_prepare_smol_without_package_says_how_to_install(tmp_path, monkeypatch)
 
 def test_load_missing_folder_names_path_and_fix(tmp_path):
     missing = str(tmp_path / "results" / "models" / "toy")
-    with pytest.raises(FileNotFoundError, match="marlflow.models prepare") as err:
+    with pytest.raises(FileNotFoundError, match="marlflow.models.loading prepare") as err:
         models.load_model_and_tokenizer(missing)
     assert missing in str(err.value)
 

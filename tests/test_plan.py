@@ -1,4 +1,4 @@
-"""marlflow.plan: token counts against real toy runs, chunk packing equal to the trainer's, the memory model
+"""marlflow.pipeline.plan: token counts against real toy runs, chunk packing equal to the trainer's, the memory model
 against saved-tensor counts and the measured figures, the CLI on every preset, and Snakemake's refusal of a run
 predicted not to fit its GPU."""
 
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from marlflow import plan
-from marlflow.config import RunConfig
-from marlflow.matrix import run_sheet
+from marlflow.core.config import RunConfig
+from marlflow.pipeline import plan
+from marlflow.pipeline.matrix import run_sheet
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -46,7 +46,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
     step's logged mean completion lengths (and Eval-Opt's observed continuation, Orch-Workers' observed worker
     count: how many calls run is the policy's choice), within 10% of the logged."""
     from marlflow import workflows
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
 
     cfg = make_cfg(workflow=workflow, sharing="sp", steps=1, max_completion_length=16)
     trainer = build_trainer(cfg, tmp_path / "run")
@@ -57,7 +57,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
         seen.extend(episodes)
         return episodes
 
-    real, workflows.rollout = workflows.rollout, spy  # marlflow.rollout.train_episodes calls it
+    real, workflows.rollout = workflows.rollout, spy  # marlflow.training.rollout.train_episodes calls it
     try:
         trainer.train_step(1)
     finally:
@@ -90,7 +90,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
 def _renamed(spec, names: dict[str, str], name: str):
     """`spec` as another workflow whose roles and slots are renamed (names: old role -> new role; a slot is
     its role plus a number), with the same prompts: what a user-registered look-alike would declare."""
-    from marlflow.workflows.spec import WorkflowSpec
+    from marlflow.core.workflow_spec import WorkflowSpec
 
     def ren(x: str) -> str:
         return re.sub(r"^[a-z]+", lambda m: names.get(m.group(), m.group()), x)
@@ -137,7 +137,7 @@ def test_slot_tokens_read_the_workflow_spec_not_its_names(monkeypatch, workflow,
     same tokens at every setting of continue_frac, workers, strategy and completion: slot_tokens takes rounds
     from WorkflowSpec.default_rounds, the strategy carriers from CallSpec.strategy and the synthesizer's
     prompt from CallSpec.messages_for, not from names."""
-    from marlflow.workflows import spec as wspec
+    from marlflow.core import workflow_spec as wspec
 
     monkeypatch.setattr(wspec, "_REGISTERED", {})  # the look-alike does not outlive this test
     name = f"{workflow}_lookalike"
@@ -173,7 +173,7 @@ def test_slot_tokens_read_the_workflow_spec_not_its_names(monkeypatch, workflow,
 
 def test_planner_packs_chunks_as_the_trainer_does():
     """The planner's largest chunk is the largest of the trainer's own pieces for the same calls."""
-    from marlflow.update import pieces
+    from marlflow.training.update import pieces
     from marlflow.workflows import Call
 
     cfg = _sheet_cfg("paper", "voting-sp-0.6b-math-s0")

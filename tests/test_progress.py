@@ -7,10 +7,10 @@ import re
 
 
 def test_one_progress_line_per_step(make_cfg, tmp_path, caplog):
-    from marlflow.train import run
+    from marlflow.cli.train import run
 
     cfg = make_cfg("single", "sp", steps=3, eval_every=2, save_every=0)
-    with caplog.at_level(logging.INFO, logger="marlflow.trainer"):
+    with caplog.at_level(logging.INFO, logger="marlflow.training.trainer"):
         run(cfg, tmp_path / "run")
     lines = [
         r.getMessage()

@@ -1,4 +1,4 @@
-"""Tests for marlflow.report: the output contract, the overview and run pages, figures, errors, and the
+"""Tests for marlflow.report.build: the output contract, the overview and run pages, figures, errors, and the
 pages rendered in headless Chromium (not blank, no table wider than the page).
 
 The runs are synthetic metrics/samples tables in the real schema (the rows trainer.py logs: per-role train
@@ -22,8 +22,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from marlflow import aggregate, report
-from marlflow.metrics import SAMPLE_COLUMNS, atomic_write_parquet, rows, write_metrics
+from marlflow.analysis import aggregate
+from marlflow.report import build as report
+from marlflow.store.atomic import atomic_write_parquet
+from marlflow.store.schema import SAMPLE_COLUMNS, rows, write_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>alert('x')</script> & </pre></details>"
@@ -300,8 +302,8 @@ def test_intervention_traces_and_contrast_section(runs, tmp_path):
 def toy_runs(tmp_path_factory, toy_model_dir) -> list[str]:
     """Two real 2-step toy runs (voting SP and IP) trained here, each folder with the config.json Snakemake
     writes beside the run's outputs."""
-    from marlflow import train
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.cli import train
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     root = tmp_path_factory.mktemp("toy-runs")
     paths = []
@@ -350,7 +352,9 @@ def test_report_needs_tables(tmp_path, runs, capsys):
             "--html", str(tmp_path / "r.html")]  # fmt: skip
     with pytest.raises(SystemExit) as exc:
         report.main(argv)
-    assert exc.value.code == 2 and "run `python -m marlflow.aggregate` first" in capsys.readouterr().err
+    assert (
+        exc.value.code == 2 and "run `python -m marlflow.analysis.aggregate` first" in capsys.readouterr().err
+    )
     assert not (tmp_path / "r.html").exists()
 
 
@@ -400,7 +404,7 @@ def findings_box(page: str) -> str:
 
 def test_findings_box(tmp_path, signal_runs):
     # one run on the model marlflow ships, the others on a rebuilt one (another CPU, another hash)
-    from marlflow.models import SHIPPED_TOY
+    from marlflow.models.loading import SHIPPED_TOY
 
     rebuilt = tmp_path / "rebuilt-toy"
     rebuilt.mkdir()
@@ -411,7 +415,7 @@ def test_findings_box(tmp_path, signal_runs):
         cfg = json.loads(cfg_path.read_text())
         cfg.update(model=str(SHIPPED_TOY if i == 0 else rebuilt), threads=1)
         cfg_path.write_text(json.dumps(cfg))
-    # the first run says where it trained (marlflow.environment), the others recorded nothing
+    # the first run says where it trained (marlflow.training.environment), the others recorded nothing
     env = {"cpu_model": "AMD EPYC 9R14", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "torch": "2.13.0+cpu",
            "torch_cpu_capability": "AVX512", "cuda_device": "", "torch_threads": 1, "omp_num_threads": "1",
            "ranks": 1, "marlflow": "0.1.0", "commit": "abc"}  # fmt: skip
@@ -722,7 +726,7 @@ FIRST_SCREEN = 800  # a 1280 x 800 window: what a reader sees before scrolling
 
 
 def report_shipped_toy() -> Path:
-    from marlflow.models import SHIPPED_TOY
+    from marlflow.models.loading import SHIPPED_TOY
 
     return SHIPPED_TOY
 

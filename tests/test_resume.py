@@ -1,4 +1,4 @@
-"""Resume equivalence: a run killed with SIGKILL, or stopped by SIGTERM / SIGUSR1 (marlflow.preempt), and rerun
+"""Resume equivalence: a run killed with SIGKILL, or stopped by SIGTERM / SIGUSR1 (marlflow.training.preempt), and rerun
 ends exactly where an uninterrupted run ends.
 
 Compared: every metric except wall-clock timings (step_time, time_*, incl. time_eval), bit for bit, and every adapter
@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from marlflow.metrics import VOLATILE_METRICS
+from marlflow.store.schema import VOLATILE_METRICS
 
 HERE = Path(__file__).parent
 
@@ -125,10 +125,10 @@ def test_signal_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, s
 
 
 def test_signal_with_step0_eval_deferred(make_cfg, tmp_path):
-    """Step 0's evaluation is deferred (another run of the cell holds its claim, marlflow.base_eval) and the
+    """Step 0's evaluation is deferred (another run of the cell holds its claim, marlflow.training.base_eval) and the
     signal comes at step 1, before any evaluation or checkpoint would fill it in: the stop fills it in first,
     so the step-1 checkpoint holds step 0's rows, and the resumed run equals an uninterrupted one."""
-    from marlflow.base_eval import SharedBaseEval
+    from marlflow.training.base_eval import SharedBaseEval
 
     cfg = make_cfg("voting", "sp", task="parity", steps=4, save_every=0, eval_every=2)
     cfg_path = tmp_path / "config.json"
@@ -145,7 +145,7 @@ def _stop_resume_compare(cfg_path: Path, run: Path, ref: Path, stops: list[tuple
     """Train `run` once per (signal spec, step it must checkpoint) in `stops`, each stopped by its signal and
     exiting 75 with that step checkpointed (every step up to it once, none after), then to the end; assert it
     ends bit-identical to `ref` with every step once. Returns the stopped runs' stderr."""
-    from marlflow.preempt import EXIT_PREEMPTED
+    from marlflow.training.preempt import EXIT_PREEMPTED
 
     errs = []
     for spec, kept in stops:
@@ -189,8 +189,8 @@ def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, 
     new config from step 0, not resume the old config's checkpoints, which would splice two runs into one
     curve: it equals a run of the new config in a fresh folder, and the old checkpoints are moved aside, not
     deleted. A config that differs only in provenance (the preset that listed the run) resumes."""
-    from marlflow import train as T
-    from marlflow.config import config_fingerprint
+    from marlflow.cli import train as T
+    from marlflow.core.config import config_fingerprint
 
     old = make_cfg("single", "sp", steps=2, eval_every=2, save_every=1)
     new = dataclasses.replace(old, grpo=dataclasses.replace(old.grpo, learning_rate=3e-3))
@@ -198,7 +198,7 @@ def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, 
     T.run(old, run)
     old_marker = json.loads((run / "checkpoints" / "step-2" / "COMPLETE").read_text())
     assert old_marker["step"] == 2 and old_marker["config"]["grpo"]["learning_rate"] == 1e-2
-    with caplog.at_level("WARNING", logger="marlflow.checkpoint"):
+    with caplog.at_level("WARNING", logger="marlflow.training.checkpoint"):
         T.run(new, run)
     moved = run / f"checkpoints-superseded-{old_marker['config_fingerprint'][:12]}"
     assert json.loads((moved / "step-2" / "COMPLETE").read_text()) == old_marker
@@ -221,15 +221,15 @@ def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, 
 
 
 def test_each_start_records_where_it_trains(make_cfg, tmp_path):
-    """Every start of training appends one line to RUN/environment.jsonl (marlflow.environment): a fresh run at
+    """Every start of training appends one line to RUN/environment.jsonl (marlflow.training.environment): a fresh run at
     step 0, a rerun after a kill at the step of the checkpoint it resumes; no checkpoint holds the file."""
     import re
     import shutil
     import socket
 
-    from marlflow import environment
-    from marlflow import train as T
-    from marlflow.toybuild import cpu_info
+    from marlflow.cli import train as T
+    from marlflow.models.toybuild import cpu_info
+    from marlflow.training import environment
 
     cfg = make_cfg("single", "sp", steps=2, eval_every=2, save_every=1)
     run = tmp_path / "run"
@@ -267,7 +267,7 @@ def test_source_commit_is_empty_outside_a_checkout_and_marks_changes(tmp_path):
     checkout that tracks the folder, +dirty after an edit, "" for a folder no checkout tracks."""
     import subprocess
 
-    from marlflow.environment import source_commit
+    from marlflow.training.environment import source_commit
 
     assert source_commit(tmp_path) == ""
     repo = tmp_path / "repo"

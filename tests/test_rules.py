@@ -5,7 +5,7 @@ report) end to end with Snakemake in a temp folder, on the session's offline toy
 file under results/ with what `snakemake --summary` (outputs and logs) and the jobs' `benchmark:` files
 declare. Two things are undeclared on purpose: RUN/checkpoints/, the train job's resume state (see
 rules/train.smk for why it must not be an output), and RUN/environment.jsonl, where each start of training
-ran (marlflow.environment), which a resumed job appends to.
+ran (marlflow.training.environment), which a resumed job appends to.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 def snakemake(*args, cwd=ROOT, check=True, timeout=300, venv_on_path=True):
     path = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != BIN]
     # venv_on_path=False: `.venv/bin/snakemake` run without activating the venv, as users do; the jobs'
-    # `python -m marlflow.<verb>` must still find marlflow (marlflow.matrix.jobs_use_this_python).
+    # `python -m marlflow.<verb>` must still find marlflow (marlflow.pipeline.matrix.jobs_use_this_python).
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": os.pathsep.join([str(BIN)] * venv_on_path + path)}
     out = subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, env=env,
                          timeout=timeout)  # fmt: skip
@@ -60,13 +60,13 @@ def test_shell_commands_take_their_paths_from_the_rule():
     """No output folder is spelled out in a shell line: --out/--figures/--pages/--tables come from {output}
     or {input}, so renaming an output cannot leave a command writing to the old place."""
     out = snakemake("-n", "--forceall", "-p", "--profile", "profiles/local", "--config", "preset=smoke")
-    shells = [  # the train rule's shell is `exec python -m ...` (marlflow.preempt: signals reach the trainer)
+    shells = [  # the train rule's shell is `exec python -m ...` (marlflow.training.preempt: signals reach the trainer)
         line.removeprefix("Shell command: ").removeprefix("exec ")
         for line in out.stdout.splitlines()
         if "command: python -m" in line or "command: exec python -m" in line
     ]
-    assert {s.split()[2] for s in shells} >= {"marlflow.models", "marlflow.train", "marlflow.aggregate",
-                                              "marlflow.report"}  # fmt: skip
+    assert {s.split()[2] for s in shells} >= {"marlflow.models.loading", "marlflow.cli.train", "marlflow.analysis.aggregate",
+                                              "marlflow.report.build"}  # fmt: skip
     for rule_file in ("models.smk", "train.smk", "report.smk"):
         for block in (ROOT / "rules" / rule_file).read_text().split("shell:")[1:]:
             shell = block.split("\nrule ")[0]  # this rule's shell command, not the next rule's outputs
@@ -92,12 +92,12 @@ def _declared(workdir: Path, args: list[str]) -> tuple[set[str], set[str]]:
 
 @pytest.mark.slow
 def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
-    from marlflow import environment
+    from marlflow.training import environment
 
     work = tmp_path / "work"
     model = work / "results" / "models" / "toy"
     shutil.copytree(toy_model_dir, model)
-    # A prepared model folder, as `marlflow.models prepare` leaves it: the models rule need not rebuild it.
+    # A prepared model folder, as `marlflow.models.loading prepare` leaves it: the models rule need not rebuild it.
     (model / "READY").write_text(json.dumps({"scale": "toy", "model": str(model.resolve())}))
     args = [
         "--snakefile",
@@ -111,7 +111,7 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
     files, folders = _declared(work, args)
     runs = sorted(p.name for p in (work / "results" / "runs").iterdir() if not p.name.startswith("."))
     assert len(runs) == 3
-    # The cells' shared step-0 evaluations (marlflow.base_eval), a cache beside the runs like their
+    # The cells' shared step-0 evaluations (marlflow.training.base_eval), a cache beside the runs like their
     # checkpoints: one for single, one read by both Voting runs, and no claim left behind.
     shared = sorted(p.name for p in (work / "results" / "runs" / ".base-evals").iterdir())
     assert len(shared) == 4 and sum(n.endswith("-samples.parquet") for n in shared) == 2, shared

@@ -1,6 +1,6 @@
 """RunConfig.sampling_seeds (issue 27 item 4): per-call sampling seeds, and the default stream left as it was.
 
-- per_call: a call's sampled tokens depend on its key (marlflow.sampling.call_seed: rollout seed, purpose,
+- per_call: a call's sampled tokens depend on its key (marlflow.generation.sampling.call_seed: rollout seed, purpose,
   problem uid, slot, rollout index) and its logits only: alone, in a batch with other calls, or in a batch in
   another order it samples the same tokens (hf backend, fast path and HF `generate`, on the shipped toy model);
 - stream (the default): a toy training rollout and an evaluation sample the token ids, and hand the backend
@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import torch
 
-from marlflow import rollout as ro
 from marlflow import workflows
-from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
-from marlflow.models import SHIPPED_TOY
-from marlflow.sampling import Sampling, call_seed, call_uniforms
+from marlflow.core.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+from marlflow.generation.sampling import Sampling, call_seed, call_uniforms
+from marlflow.models.loading import SHIPPED_TOY
+from marlflow.training import rollout as ro
 
 
 def _cfg(workflow="voting", sharing="sp", **run) -> RunConfig:
@@ -44,12 +44,12 @@ def _cfg(workflow="voting", sharing="sp", **run) -> RunConfig:
 
 class _Setup:
     """What a trainer samples with, without the trainer: model with random adapters, hf backend, encoder,
-    task and its splits (as marlflow.evaluate builds them)."""
+    task and its splits (as marlflow.cli.evaluate builds them)."""
 
     def __init__(self, cfg: RunConfig, fast: bool = True):
-        from marlflow.fastgen import use_gqa_sdpa
-        from marlflow.generation import ChatEncoder, HFBackend
-        from marlflow.models import attach_adapters, load_model_and_tokenizer
+        from marlflow.generation.fastgen import use_gqa_sdpa
+        from marlflow.generation.hf import ChatEncoder, HFBackend
+        from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
         from marlflow.tasks import get_task
         from marlflow.tasks.splits import run_splits
 
@@ -92,7 +92,7 @@ def _calls(episodes) -> list:
 def _fingerprint(workflow: str, sharing: str, fast: bool = True) -> tuple[str, int]:
     """sha256 of a stream-mode toy step's and evaluation's calls (uid, rollout, slot, completion ids) and of the
     seeds handed to the backend, and the number of calls."""
-    from marlflow import evaluation
+    from marlflow.training import evaluation
 
     s = _Setup(_cfg(workflow, sharing), fast)
     torch.manual_seed(11)  # the trainer's global RNG at the step's start
@@ -203,7 +203,7 @@ def test_context_hands_the_backend_each_calls_key():
     """workflows.Context under per_call: the seeds each backend call gets are call_seed(rollout seed, purpose,
     uid, slot, rollout), what vLLM puts in SamplingParams(seed=); training, evaluation and validation keys
     differ; a rollout without a seed is refused."""
-    from marlflow import evaluation
+    from marlflow.training import evaluation
 
     s = _Setup(_cfg("eval_opt", "ip", sampling_seeds="per_call"))
     eps = s.train_rollout(1)
@@ -248,7 +248,7 @@ def test_per_call_first_token_follows_the_warped_softmax(temperature, top_p):
     unwarped softmax when there is a warp to miss, and stream sampling (torch.multinomial, seeded) passes the
     same bounds: the check separates samplers. (At T 1 the prompt has ~500 tokens of nonzero probability, at
     T 0.7 / top-p 0.9 three.)"""
-    from marlflow import fastgen
+    from marlflow.generation import fastgen
 
     s = _Setup(_cfg(sampling_seeds="per_call"))
     prompt = s.encoder([{"role": "user", "content": s.train[0].prompt}])
@@ -280,7 +280,7 @@ def test_draw_and_uniforms():
     """fastgen.draw never picks a zero-probability token and picks token v for u in its CDF interval;
     call_uniforms is SplitMix64 (the reference's first output for seed 0), in (0, 1), a function of (key, t);
     call_seed is pinned (blake2b, the same in a process with another hash seed)."""
-    from marlflow import fastgen
+    from marlflow.generation import fastgen
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 1.0, 0.0]])
     got = fastgen.draw(probs.repeat(3, 1), [1e-16] * 3 + [0.5] * 3 + [1 - 1e-16] * 3)
@@ -293,7 +293,7 @@ def test_draw_and_uniforms():
     assert call_uniforms([5], 4)[0] != call_uniforms([5], 5)[0]
     key = call_seed(3, "train", "toy_math-17", "generator0", 2)
     assert key == PINNED_KEY and 0 <= key < 2**63
-    code = "from marlflow.sampling import call_seed; print(call_seed(3, 'train', 'toy_math-17', 'generator0', 2))"
+    code = "from marlflow.generation.sampling import call_seed; print(call_seed(3, 'train', 'toy_math-17', 'generator0', 2))"
     env = {"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout) == key
@@ -309,7 +309,7 @@ def test_config_sampling_seeds():
     matrix.yaml's `run: {sampling_seeds: per_call}` reaches every run's config."""
     import yaml
 
-    from marlflow.matrix import run_sheet
+    from marlflow.pipeline.matrix import run_sheet
 
     assert "sampling_seeds" not in _cfg().to_dict()
     per = _cfg(sampling_seeds="per_call")

@@ -13,7 +13,7 @@ from marlflow.analysis import claims_table, contrasts, mean_ci, summary_by_cell
 from marlflow.analysis.claims import VALIDATED, verdict
 from marlflow.analysis.curves import SUMMARY_COLUMNS
 from marlflow.analysis.gradients import GRAD_COLUMNS
-from marlflow.analysis.stats import rate_ci, rate_diff_ci, t_quantile
+from marlflow.core.stats import rate_ci, rate_diff_ci, t_quantile
 
 
 @pytest.mark.parametrize(

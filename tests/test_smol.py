@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from marlflow.config import GRPOParams, RunConfig, TaskSpec
+from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 from marlflow.tasks import get_task
 
 SMOL_DIR = Path(__file__).resolve().parents[1] / "results" / "models" / "smol"
@@ -86,7 +86,7 @@ def test_code_reward_runs_asserts():
 @pytest.mark.timeout(600)
 def test_smol_single_trains_two_steps(smol_model_dir, tmp_path):
     """Two real GRPO steps of single-sp on smol_math; metrics, samples, checkpoint and DONE written."""
-    from marlflow.train import run
+    from marlflow.cli.train import run
 
     cfg = RunConfig(
         run_id="single-sp-smol-math-s0",

@@ -101,7 +101,9 @@ def test_lint_clean():
 def test_invalid_matrix_same_message_as_cli(tmp_path):
     bad = tmp_path / "matrix.yaml"
     bad.write_text((ROOT / "matrix.yaml").read_text().replace("group_size: 8", "group_size: 1", 1))
-    cli = subprocess.run([sys.executable, "-m", "marlflow.matrix", str(bad)], capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "marlflow.pipeline.matrix", str(bad)], capture_output=True, text=True
+    )
     out = snakemake("-n", "--profile", "profiles/local", "--config", f"matrix={bad}", check=False)
     assert cli.returncode == 2 and out.returncode == 2
     assert "group_size" in cli.stderr and cli.stderr.strip() in out.stderr

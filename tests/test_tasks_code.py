@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from marlflow import sandbox
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
 from marlflow.tasks import Problem, get_task
 from marlflow.tasks import datasets as task_data
 from marlflow.tasks.code import MBPP_SPLITS, extract_code

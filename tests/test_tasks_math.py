@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
 from marlflow.tasks import datasets as task_data
 from marlflow.tasks import get_task
 from marlflow.tasks.math import last_boxed, math_equal, parse_number

@@ -1,4 +1,4 @@
-"""The toy model shipped in src/marlflow/toy_model/: its weights hash to its warmstart.json (CI runs this),
+"""The toy model shipped in src/marlflow/models/toy_model/: its weights hash to its warmstart.json (CI runs this),
 `prepare --scale toy` copies it and writes READY, a corrupted or stale copy fails with the hashes and the
 fix, and a model rebuilt here (a short build) loads and generates like the shipped one."""
 
@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from marlflow import models, toybuild
+from marlflow.models import loading as models
+from marlflow.models import toybuild
 
 SHORT = {"steps": 3, "batch_size": 8, "solve_steps": 0, "eval_n": 0}
 
@@ -63,7 +64,7 @@ def test_corrupted_shipped_model_fails_naming_both_hashes(tmp_path):
     assert (
         recorded in str(err.value)
         and actual in str(err.value)
-        and "marlflow.toybuild --out" in str(err.value)
+        and "marlflow.models.toybuild --out" in str(err.value)
     )
     assert not (tmp_path / "out" / "READY").exists()
 
@@ -75,7 +76,7 @@ def test_stale_shipped_model_says_how_to_rebuild(tmp_path):
     (source / "warmstart.json").write_text(json.dumps(info | {"version": "0000000000000000"}))
     with pytest.raises(RuntimeError, match="is stale") as err:
         models.prepare("toy", "toy", tmp_path / "out", shipped=source)
-    assert "python -m marlflow.toybuild --out src/marlflow/toy_model" in str(err.value)
+    assert "python -m marlflow.models.toybuild --out src/marlflow/models/toy_model" in str(err.value)
     assert "--build" in str(err.value)
 
 

@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
+from marlflow.models.warmstart import ROLES, _example, role_examples, score_outputs
 from marlflow.tasks import get_task
 from marlflow.tasks.math import last_boxed
 from marlflow.tasks.toy import CARELESS, GENERATOR_STYLES
-from marlflow.warmstart import ROLES, _example, role_examples, score_outputs
 
 TOY = ("toy_math", "toy_code")
 

@@ -1,4 +1,4 @@
-"""Experiment trackers (RunConfig.report_to, marlflow.trackers): a real toy run's tracker files read back.
+"""Experiment trackers (RunConfig.report_to, marlflow.training.trackers): a real toy run's tracker files read back.
 
 TensorBoard's event file holds every row of metrics.parquet as the scalar `{split}/{role}/{metric}` at its
 step, with the same value, plus the run id and config; a run resumed from an earlier checkpoint leaves each
@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from marlflow.config import ConfigError, RunConfig, TaskSpec
-from marlflow.trackers import run_config, tag
+from marlflow.core.config import ConfigError, RunConfig, TaskSpec
+from marlflow.training.trackers import run_config, tag
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def _tensorboard_mirrors(run_dir: Path, steps: set[int]):
 def test_tensorboard_mirrors_metrics_through_resume_and_backfill(make_cfg, tmp_path):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    from marlflow.train import run
+    from marlflow.cli.train import run
 
     cfg = dataclasses.replace(make_cfg("voting", "ip", steps=2), report_to=["tensorboard"])
     out = tmp_path / "run"
@@ -102,7 +102,7 @@ print(json.dumps([S.get_logs("marlflow", sys.argv[1]), S.get_run_config("marlflo
 
 @pytest.mark.parametrize("name", ["trackio", "wandb"])
 def test_local_store_round_trip(make_cfg, tmp_path, name):
-    """`python -m marlflow.train` with report_to [trackio] or [wandb] and no tracker variables set: the run's
+    """`python -m marlflow.cli.train` with report_to [trackio] or [wandb] and no tracker variables set: the run's
     metrics land in RUN/trackers/<name>/, offline."""
     if importlib.util.find_spec(name) is None:
         pytest.skip(f"{name} is not installed (pip install {name}); `make test` installs only tensorboard")
@@ -113,7 +113,7 @@ def test_local_store_round_trip(make_cfg, tmp_path, name):
     cmd = [
         sys.executable,
         "-m",
-        "marlflow.train",
+        "marlflow.cli.train",
         "--config",
         str(tmp_path / "config.json"),
         "--out",
@@ -164,7 +164,7 @@ def test_unknown_tracker_is_refused(value, message):
 
 
 def test_report_to_in_matrix_yaml():
-    from marlflow.matrix import MatrixError, run_sheet
+    from marlflow.pipeline.matrix import MatrixError, run_sheet
 
     doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     bad = copy.deepcopy(doc)
@@ -180,8 +180,8 @@ def test_report_to_in_matrix_yaml():
 
 
 def test_missing_library_names_the_extra(monkeypatch):
-    import marlflow.trackers as trackers
-    from marlflow.train import preflight
+    import marlflow.training.trackers as trackers
+    from marlflow.cli.train import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow import algos
-from marlflow.metrics import METRIC_COLUMNS, validate_metrics
+from marlflow.cli.train import build_trainer, run
+from marlflow.core import algos
+from marlflow.store.schema import METRIC_COLUMNS, validate_metrics
 from marlflow.tasks import Problem, register
 from marlflow.tasks.toy import ToyMath
-from marlflow.train import build_trainer, run
-from marlflow.update import pieces
+from marlflow.training.update import pieces
 from marlflow.workflows import Call, Episode, rollout
 
 
@@ -222,7 +222,7 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
     """HFBackend prefills each distinct prompt once and copies its cache to the rows that repeat it; the
     completions (greedy, and sampled from the same RNG state) are those of a full prefill of every row, with
     the training model and with the bf16 generation copy."""
-    from marlflow.generation import Sampling
+    from marlflow.generation.hf import Sampling
 
     cfg = dataclasses.replace(make_cfg("voting", "sp", task="parity"), generation_dtype=dtype)
     trainer = build_trainer(cfg, tmp_path)
@@ -445,7 +445,7 @@ def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
     (eval mode, K/V cache) samples exactly what it samples without checkpointing, even right after a training
     update left the model in training mode; a 2-step run with a KL term (reference forward under no_grad)
     trains and evaluates."""
-    from marlflow.generation import Sampling
+    from marlflow.generation.hf import Sampling
 
     cfg = dataclasses.replace(
         make_cfg("voting", "ip", task="parity", beta=0.05),

@@ -29,8 +29,8 @@ def test_adapters_name_the_base_relative_to_the_root_and_load_in_another_copy(
     final/'s adapters load with plain PEFT in B and resolve B's base. Before: they named A's absolute folder."""
     from peft import AutoPeftModelForCausalLM
 
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.train import run
+    from marlflow.cli.train import run
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     clone_a, clone_b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(toy_model_dir, clone_a / "results" / "models" / "toy")
@@ -94,7 +94,7 @@ def test_unknown_config_key_fails_with_a_did_you_mean(key, hint):
 
 
 def test_known_config_keys_pass():
-    from marlflow.matrix import check_config_keys
+    from marlflow.pipeline.matrix import check_config_keys
 
     check_config_keys({"matrix": "matrix.yaml", "preset": "smol", "workflows": ["voting"], "seed": 1,
                        "scale_resources": {}, "toy_build": "--build"})  # fmt: skip
@@ -149,7 +149,7 @@ def test_a_retried_train_job_keeps_each_attempts_log(tmp_path):
         bad = tmp_path / f"config{attempt}.json"
         bad.write_text(f'{{"attempt": {attempt}}}')  # an invalid run config: exits 2 right after logging
         out = subprocess.run(
-            [sys.executable, "-m", "marlflow.train", "--config", str(bad), "--out", str(tmp_path / "run"),
+            [sys.executable, "-m", "marlflow.cli.train", "--config", str(bad), "--out", str(tmp_path / "run"),
              "--log", str(log)], capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 2 and out.stderr == "", out.stderr
@@ -166,7 +166,7 @@ def test_a_retried_train_job_keeps_each_attempts_log(tmp_path):
 
 
 def test_output_folders_per_preset_and_slice():
-    from marlflow.matrix import output_dir
+    from marlflow.pipeline.matrix import output_dir
 
     assert output_dir("matrix.yaml") == "results"  # the default preset in full: the README's paths
     assert output_dir("matrix.yaml", "toy", {"seeds": [0], "tasks": ["code", "math"]}) == "results"  # no cut
@@ -236,7 +236,7 @@ def test_python_dash_m_marlflow_is_the_command():
 
 
 def test_missing_model_message_is_filled_in(tmp_path, monkeypatch):
-    from marlflow.models import resolve_model_source
+    from marlflow.models.loading import resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as err:
@@ -248,8 +248,8 @@ def test_missing_model_message_is_filled_in(tmp_path, monkeypatch):
 
 def test_missing_base_model_names_each_folder_once(tmp_path, monkeypatch):
     """Run from the root that holds the run: "relative to /tmp/nc or to /tmp/nc" named one folder twice."""
-    from marlflow.config import RunConfig, TaskSpec
-    from marlflow.runs import RunError, resolve_model
+    from marlflow.core.config import RunConfig, TaskSpec
+    from marlflow.models.runs import RunError, resolve_model
 
     cfg = RunConfig(run_id="single-sp-toy-math-s0", workflow="single", sharing="sp", scale="toy",
                     task_axis="math", seed=0, task=TaskSpec(name="toy_math"), model="results/models/toy")  # fmt: skip
@@ -265,7 +265,7 @@ def test_an_error_names_the_preset_where_the_bad_value_is_written():
     presets.toy_seeds and told the user to fix presets.toy_seeds.grpo, where nothing is wrong."""
     import yaml
 
-    from marlflow.matrix import MatrixError, run_sheet
+    from marlflow.pipeline.matrix import MatrixError, run_sheet
 
     doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     doc["presets"]["toy"]["grpo"]["group_size"] = 1

@@ -69,8 +69,8 @@ def _signatures() -> dict[str, str]:
 
 
 def _cfg(loss_type: str, tmp: Path):
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.models import SHIPPED_TOY
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.models.loading import SHIPPED_TOY
 
     grpo = GRPOParams(
         problems_per_step=1,
@@ -95,13 +95,13 @@ def _cfg(loss_type: str, tmp: Path):
 
 def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
     """A plain GRPOTrainer built with marlflow's GRPOConfig (trainer._grpo_args) on the toy model with one
-    LoRA adapter (marlflow.models.attach_adapters), lora_B drawn from a fixed generator (a fresh B is 0)."""
+    LoRA adapter (marlflow.models.loading.attach_adapters), lora_B drawn from a fixed generator (a fresh B is 0)."""
     import torch
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from marlflow.models import attach_adapters, load_model_and_tokenizer
-    from marlflow.trainer import _grpo_args
+    from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
+    from marlflow.training.trainer import _grpo_args
 
     cfg = _cfg(loss_type, tmp)
     if model is None:
@@ -134,7 +134,7 @@ def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
 
 
 def _batch(tok, device) -> dict:
-    """The fixed batch as the input dict `_compute_loss` reads (marlflow.trainer's collate builds the same)."""
+    """The fixed batch as the input dict `_compute_loss` reads (marlflow.training.trainer's collate builds the same)."""
     import torch
     from trl.trainer.utils import pad
 
@@ -170,7 +170,7 @@ def compute(tmp: Path) -> dict:
     import torch
     from trl import GRPOTrainer
 
-    from marlflow.config import LOSS_TYPES
+    from marlflow.core.config import LOSS_TYPES
 
     torch.manual_seed(0)
     out: dict = {"loss": {}}
@@ -351,7 +351,7 @@ def record(path: Path = DATA) -> dict:
 
     import torch
 
-    from marlflow.metrics import atomic_write_json
+    from marlflow.store.atomic import atomic_write_json
 
     with tempfile.TemporaryDirectory() as tmp:
         values = compute(Path(tmp))

@@ -1,4 +1,4 @@
-"""marlflow.update's gradient accounting on toy tensors, marlflow.rollout's problem shares, and the trainer's
+"""marlflow.training.update's gradient accounting on toy tensors, marlflow.training.rollout's problem shares, and the trainer's
 state_dict round trip (save -> load into a fresh trainer -> the same next step, bit for bit)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow import checkpoint
-from marlflow import rollout as ro
-from marlflow import update as upd
-from marlflow.metrics import VOLATILE_METRICS
+from marlflow.store.schema import VOLATILE_METRICS
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
+from marlflow.training import checkpoint
+from marlflow.training import rollout as ro
+from marlflow.training import update as upd
 
 
 @register("parity")  # the same test task as test_trainer.py: reward variance in every group, real updates
@@ -88,7 +88,7 @@ def test_scale_schedule_uses_the_schedulers_state_not_its_private_fields():
 
 def test_a_steps_problems_shard_disjointly_and_in_order():
     # the step's problems are a pure function of (seed, step); distributed.shard splits them per rank
-    from marlflow.distributed import shard
+    from marlflow.training.distributed import shard
 
     problems = ro.step_problems(list(range(50)), seed=0, step=3, n=7)
     assert problems == ro.step_problems(list(range(50)), seed=0, step=3, n=7)  # a pure function
@@ -109,7 +109,7 @@ def test_state_dict_round_trip_gives_the_same_next_step(make_cfg, tmp_path):
     every adapter tensor) as the trainer it came from."""
     from peft import get_peft_model_state_dict
 
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
 
     cfg = make_cfg("voting", "ip", task="parity", steps=2, problems_per_step=4)
     a = build_trainer(cfg, tmp_path / "a")

@@ -8,8 +8,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from marlflow.config import TaskSpec
-from marlflow.metrics import VOLATILE_METRICS
+from marlflow.core.config import TaskSpec
+from marlflow.store.schema import VOLATILE_METRICS
 from marlflow.tasks import get_task, register
 from marlflow.tasks.splits import run_splits
 from marlflow.tasks.toy import ToyMath, _is_test
@@ -29,7 +29,7 @@ def test_splits_are_disjoint_and_training_problems_unchanged(name):
 
 
 def test_the_train_command_s_preloaded_task_gives_the_same_splits():
-    from marlflow.train import LoadedTask
+    from marlflow.cli.train import LoadedTask
 
     spec = TaskSpec(name="toy_math", eval_size=20, train_size=50, val_size=6)
     assert run_splits(LoadedTask(get_task("toy_math"), spec), spec) == run_splits(get_task("toy_math"), spec)
@@ -68,7 +68,7 @@ class _Scored(ToyMath):
 
 def _train(make_cfg, tmp_path, task="toy_math", guard=False, scores=None, **task_fields):
     """Metrics of a 3-step single-agent run (eval every step), without run_id, intervention and timings."""
-    from marlflow.train import build_trainer
+    from marlflow.cli.train import build_trainer
 
     cfg = make_cfg("single", "sp", task=task, steps=3, eval_every=1, save_every=3)
     cfg = dataclasses.replace(

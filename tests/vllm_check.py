@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-from marlflow.config import GRPOParams, RunConfig, TaskSpec
-from marlflow.generation import HFBackend
-from marlflow.sampling import Sampling, request_seeds
-from marlflow.train import build_trainer
+from marlflow.cli.train import build_trainer
+from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
+from marlflow.generation.hf import HFBackend
+from marlflow.generation.sampling import Sampling, request_seeds
 
 POLICIES = ("generator", "aggregator")
 STEPS = 2  # optimizer steps before the checks

@@ -1,7 +1,7 @@
 """GPU smoke benchmark at the paper's lengths: the one script to run when a GPU is lent.
 
 For each scale (Qwen3-0.6B, -1.7B and -4B widths, full depth; random weights with the real Qwen3 shape) it
-takes the paper preset's largest cell by the planner's predicted peak (`marlflow.plan.plan_run` over the
+takes the paper preset's largest cell by the planner's predicted peak (`marlflow.pipeline.plan.plan_run` over the
 preset's runs of that scale, e.g. eval_opt math with prompts up to 30,720 tokens), and runs one reduced step
 of it at the real prompt and completion lengths through marlflow's own trainer:
 
@@ -69,7 +69,7 @@ metrics. `--dp` runs the check alone; `--dp --cpu-dry-run` runs it on the CPU (g
 
 (--dp --cpu-dry-run: 37-61 s on the 2-core reference machine beside other jobs, two runs of dd9bd2b's code.)
 
-The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.train.run`, is `--voting`:
+The earlier smoke, a few short voting/IP and voting/SP steps through `marlflow.cli.train.run`, is `--voting`:
 
     python benchmarks/ops/gpu_smoke.py --voting                   # on a GPU node: 3 steps x {voting/ip, voting/sp}
     python benchmarks/ops/gpu_smoke.py --voting --backend hf --lora-r 64   # without vllm: HF generate, paper LoRA
@@ -145,7 +145,7 @@ def gpu_problem(backend: str = "vllm") -> str | None:
         return f"no CUDA GPU visible to torch {torch.__version__}; run on a GPU node, or use --cpu-dry-run"
     if backend == "hf":
         return None
-    from marlflow.vllm_backend import require_vllm
+    from marlflow.generation.vllm import require_vllm
 
     try:
         require_vllm()
@@ -191,7 +191,7 @@ def build_model(out: Path, layers: int) -> None:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from marlflow.plan import HUB_SHAPES
+    from marlflow.pipeline.plan import HUB_SHAPES
 
     marker = out / "gpu_smoke.json"
     if marker.exists() and json.loads(marker.read_text()).get("layers") == layers:
@@ -324,11 +324,11 @@ def load_tokenizer(which: str):
 
 
 def smoke_shape(scale: str, cpu_dry_run: bool):
-    """The `marlflow.plan.ModelShape` the smoke builds at `scale`: the planner's HUB_SHAPES entry for
+    """The `marlflow.pipeline.plan.ModelShape` the smoke builds at `scale`: the planner's HUB_SHAPES entry for
     Qwen/Qwen3-<scale> (its published config.json), or under --cpu-dry-run that shape at TINY_WIDTHS.
     marlflow is imported here, not at the top, like everywhere in this script: `--check-env` has to run, and
     name what is missing, where marlflow's own imports (torch, numpy) would fail."""
-    from marlflow.plan import HUB_SHAPES
+    from marlflow.pipeline.plan import HUB_SHAPES
 
     shape = HUB_SHAPES[f"Qwen/Qwen3-{scale.upper()}"]
     return (
@@ -337,7 +337,7 @@ def smoke_shape(scale: str, cpu_dry_run: bool):
 
 
 def random_qwen3(shape, device: str, dtype, eos: int, pad: int):
-    """A randomly initialised Qwen3ForCausalLM of `shape` (a marlflow.plan.ModelShape), built in `dtype` on
+    """A randomly initialised Qwen3ForCausalLM of `shape` (a marlflow.pipeline.plan.ModelShape), built in `dtype` on
     `device` directly (a 4B model initialised on a CPU takes minutes)."""
     import torch
     from transformers import Qwen3ForCausalLM
@@ -358,8 +358,8 @@ def random_qwen3(shape, device: str, dtype, eos: int, pad: int):
 
 def paper_runs(scale: str):
     """The paper preset's RunConfigs at `scale` (no interventions), from matrix.yaml."""
-    from marlflow.config import RunConfig
-    from marlflow.matrix import run_sheet
+    from marlflow.core.config import RunConfig
+    from marlflow.pipeline.matrix import run_sheet
 
     sheet = run_sheet(ROOT / "matrix.yaml", "paper")
     sheet = sheet[(sheet.scale == scale) & (sheet.intervention == "none")]
@@ -367,9 +367,9 @@ def paper_runs(scale: str):
 
 
 def plan_or_reason(cfg, gpu: str):
-    """marlflow.plan.plan_run(cfg, gpu), or the reason it is unavailable (a string)."""
+    """marlflow.pipeline.plan.plan_run(cfg, gpu), or the reason it is unavailable (a string)."""
     try:
-        from marlflow.plan import plan_run
+        from marlflow.pipeline.plan import plan_run
     except ImportError as err:
         return f"planner unavailable ({err})"
     try:
@@ -402,7 +402,7 @@ def pick_cell(scale: str, forced: str | None, gpu: str, model_dir: Path | None =
 def smoke_config(scale: str, run_id: str, args, model_dir: Path):
     """The paper run `run_id` as the smoke runs it: the random model, `args.problems` x `args.group_size`
     episodes, backend args.backend, one step, no evaluation or checkpoint; everything else the preset's."""
-    from marlflow.config import TaskSpec
+    from marlflow.core.config import TaskSpec
 
     cfg = next(c for c in paper_runs(scale) if c.run_id == run_id)
     g = cfg.grpo
@@ -426,11 +426,11 @@ def synthetic_calls(cfg, plan, rng: random.Random):
 
     g = cfg.grpo
     if isinstance(plan, str):  # no planner: one slot per role type, prompts at the cap (an upper bound)
-        from marlflow.config import ROLE_TYPES
+        from marlflow.core.config import ROLE_TYPES
 
         slots = [(f"{r}0", r, g.max_prompt_length, 0) for r in ROLE_TYPES[cfg.workflow]]
     else:
-        from marlflow.plan import slot_tokens
+        from marlflow.pipeline.plan import slot_tokens
 
         slots = [(s.slot, s.role, int(round(s.prompt_per_call)), s.stage) for s in slot_tokens(cfg, 1.0)]
     top = 151_000  # regular tokens only (the specials start at 151,643)
@@ -456,12 +456,12 @@ def run_scale(args) -> dict:
     """One scale in this process: build, generate, score, update; prints PARTIAL lines as phases finish."""
     import torch
 
-    from marlflow.config import RunConfig  # noqa: F401 - fail here, with the import error, not later
-    from marlflow.generation import Sampling
-    from marlflow.models import attach_adapters
+    from marlflow.core.config import RunConfig  # noqa: F401 - fail here, with the import error, not later
+    from marlflow.generation.hf import Sampling
+    from marlflow.models.loading import attach_adapters
     from marlflow.tasks import get_task
     from marlflow.tasks.math import last_boxed
-    from marlflow.trainer import MultiAgentGRPOTrainer
+    from marlflow.training.trainer import MultiAgentGRPOTrainer
 
     t_start = time.perf_counter()
     deadline = t_start + args.budget_s
@@ -768,12 +768,12 @@ def paper_main(args, argv: list[str]) -> int:
 
 
 def run_cell(args) -> dict:
-    """One cell through marlflow.train.run; returns its per-step times and peak GPU memory."""
+    """One cell through marlflow.cli.train.run; returns its per-step times and peak GPU memory."""
     import pandas as pd
     import torch
 
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
-    from marlflow.train import run
+    from marlflow.cli.train import run
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     workflow, sharing = args.voting_cell.split("/")
     task = "toy_math"
@@ -843,7 +843,7 @@ def run_cell(args) -> dict:
 
 
 def voting_main(args, argv: list[str]) -> int:
-    """The short voting smoke (`--voting`): voting/IP and voting/SP cells through marlflow.train.run."""
+    """The short voting smoke (`--voting`): voting/IP and voting/SP cells through marlflow.cli.train.run."""
     if args.cpu_dry_run:
         args.device = "cpu"
     if args.device == "cpu":
@@ -855,7 +855,7 @@ def voting_main(args, argv: list[str]) -> int:
         )
         args.max_prompt_length, args.max_completion_length = 256, 8
     if args.device == "cpu" and not args.cpu_dry_run:
-        from marlflow.vllm_backend import require_vllm
+        from marlflow.generation.vllm import require_vllm
 
         try:
             require_vllm("cpu")
@@ -920,7 +920,7 @@ def dp_problem(cpu: bool) -> str | None:
 
 
 def dp_compare(one: list[dict], two: list[dict]) -> dict:
-    """Whether two runs' train rows (marlflow.metrics rows) sampled the same episodes (EPISODE_METRICS equal
+    """Whether two runs' train rows (marlflow.store.schema rows) sampled the same episodes (EPISODE_METRICS equal
     exactly; else the first step where they differ) and, over the steps before that, computed the same per-role
     gradient metrics (GRAD_METRICS within GRAD_RTOL, relative; a row missing from `two` counts as inf)."""
     key = lambda r: (r["step"], r["role"], r["metric"])  # noqa: E731
@@ -947,7 +947,7 @@ def dp_check(args, budget_s: float) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_dp
 
-    from marlflow.config import GRPOParams, RunConfig, TaskSpec
+    from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     cpu = args.cpu_dry_run
     g = GRPOParams(steps=3, problems_per_step=4 if cpu else 8, group_size=2 if cpu else 4, warmup_steps=0,
@@ -1027,7 +1027,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default=",".join(SCALES), help="comma-separated, of " + ", ".join(SCALES))
     ap.add_argument("--cell", help="force a cell, e.g. eval_opt-ip-math (default: the planner's largest)")
     ap.add_argument("--budget-s", type=float, default=420, help="stop and print what is done after this")
-    ap.add_argument("--gpu", default="h100-80gb", help="the planner's GPU (marlflow.plan.GPUS)")
+    ap.add_argument("--gpu", default="h100-80gb", help="the planner's GPU (marlflow.pipeline.plan.GPUS)")
     ap.add_argument("--problems", type=int, default=1, help="problems in the update's synthetic step")
     ap.add_argument(
         "--group-size", type=int, default=2, help="rollouts per problem (voting mode: its group size)"
@@ -1064,7 +1064,7 @@ def main(argv=None) -> int:
     # The 2-rank check (also the last part of the paper-length smoke on a machine with 2 GPUs).
     ap.add_argument("--dp", action="store_true", help="only the 2-rank check (with --cpu-dry-run: gloo, CPU)")
     ap.add_argument(
-        "--dp-model", default=str(ROOT / "src/marlflow/toy_model"), help="the 2-rank check's model"
+        "--dp-model", default=str(ROOT / "src/marlflow/models/toy_model"), help="the 2-rank check's model"
     )
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

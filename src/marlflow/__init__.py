@@ -3,7 +3,7 @@
 Reproduces and extends arXiv 2605.24202 ("When Does Multi-Agent RL Improve LLM Workflows?"):
 Eval-Opt, Voting and Orch-Workers workflows (plus a single-agent baseline) trained with GRPO under
 Shared-Policy (one adapter for all roles) or Isolated-Policy (one adapter per role type).
-Entry points are modules: `python -m marlflow.matrix|models|train|aggregate|report|sandbox`.
+Entry points are modules: `python -m marlflow.pipeline.matrix|models|train|aggregate|report|sandbox`.
 """
 
 __version__ = "0.1.0"

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from workflows_extra import debate_prompts as prompts
 
+from marlflow.core.workflow_spec import CallSpec, WorkflowSpec
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, candidate_metrics
-from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 DEBATERS = 2
 

@@ -1,8 +1,8 @@
 """Analysis of run metrics: pure DataFrame -> DataFrame functions and plots.
 
-Used by `python -m marlflow.aggregate` (tables) and `python -m marlflow.report` (figures, HTML). The exact
+Used by `python -m marlflow.analysis.aggregate` (tables) and `python -m marlflow.report.build` (figures, HTML). The exact
 definitions (base, peak, terminal, cliff, failure signatures, gradient dynamics) are in
-`marlflow.analysis.definitions.DEFINITIONS`.
+`marlflow.core.definitions.DEFINITIONS`.
 
     from marlflow.analysis import load_runs, summarize_runs, failure_signatures, grad_dynamics
     metrics, samples = load_runs(paths)
@@ -16,13 +16,13 @@ definitions (base, peak, terminal, cliff, failure signatures, gradient dynamics)
 
 from marlflow.analysis.claims import CLAIM_COLUMNS, claims_table
 from marlflow.analysis.curves import CURVE_COLUMNS, SUMMARY_COLUMNS, eval_curves, summarize_runs
-from marlflow.analysis.definitions import DEFINITIONS, solution_marker, threshold
 from marlflow.analysis.failures import FAILURE_COLUMNS, failure_signatures
 from marlflow.analysis.gradients import GRAD_COLUMNS, grad_dynamics
 from marlflow.analysis.io import SAMPLE_COLUMNS, load_runs
 from marlflow.analysis.seeds import CONTRAST_COLUMNS, contrasts, summary_by_cell
-from marlflow.analysis.stats import curve_tests, mean_ci
 from marlflow.analysis.tables import markdown_table, peak_terminal_latex, peak_terminal_table
+from marlflow.core.definitions import DEFINITIONS, solution_marker, threshold
+from marlflow.core.stats import curve_tests, mean_ci
 
 __all__ = [
     "CLAIM_COLUMNS",

@@ -27,11 +27,11 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.definitions import CI_LEVEL, parallel_role
 from marlflow.analysis.seeds import n_replicates, replicate_keys
-from marlflow.analysis.stats import mean_ci, rate_diff_ci
 from marlflow.analysis.tables import PEAK_ESTIMATES
-from marlflow.workflows.spec import baseline
+from marlflow.core.definitions import CI_LEVEL, parallel_role
+from marlflow.core.stats import mean_ci, rate_diff_ci
+from marlflow.core.workflow_spec import baseline
 
 CLAIM_COLUMNS = ["claim", "text", "statistic", "value", "ci_lo", "ci_hi", "null", "direction", "n_seeds",
                  "n_cells", "verdict", "rule", "ci_level", "scope"]  # fmt: skip

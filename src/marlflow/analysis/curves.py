@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from marlflow.analysis.stats import curve_tests
-from marlflow.metrics import FACTOR_COLUMNS
+from marlflow.core.stats import curve_tests
+from marlflow.store.schema import FACTOR_COLUMNS
 
 HALF_COLUMNS = ["accuracy_a", "accuracy_b", "n_eval_a", "n_eval_b"]
 CURVE_COLUMNS = [*FACTOR_COLUMNS, "step", "accuracy", "accuracy_se", "n_eval", *HALF_COLUMNS]

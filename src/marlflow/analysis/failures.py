@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from marlflow.analysis.curves import wide
-from marlflow.analysis.definitions import (
+from marlflow.core.definitions import (
     ALPHA,
     FORMAT_RISE,
     LENGTH_APPROACH,

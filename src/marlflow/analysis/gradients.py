@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from marlflow.analysis.curves import eval_curves, wide
-from marlflow.metrics import FACTOR_COLUMNS
+from marlflow.store.schema import FACTOR_COLUMNS
 
 GRAD_COLUMNS = [
     *FACTOR_COLUMNS,

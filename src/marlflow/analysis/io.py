@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from marlflow.metrics import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics, with_build
+from marlflow.store.schema import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics, with_build
 
 METRIC_KEY = ["run_id", "step", "split", "role", "metric"]
 

@@ -50,8 +50,9 @@ from marlflow.analysis.tables import (  # noqa: E402
     WORKFLOW_ORDER,
     order_key,
 )
-from marlflow.metrics import FACTOR_COLUMNS, atomic_write_bytes  # noqa: E402
-from marlflow.workflows.spec import baseline  # noqa: E402
+from marlflow.core.workflow_spec import baseline  # noqa: E402
+from marlflow.store.atomic import atomic_write_bytes
+from marlflow.store.schema import FACTOR_COLUMNS  # noqa: E402
 
 SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
 SHARING_LABELS = {"sp": "SP", "ip": "IP", "single": "single-agent"}
@@ -349,7 +350,7 @@ def plot_solution_metrics(metrics: pd.DataFrame, names: Sequence[str]) -> Figure
     A panel with more than MAX_LINES such lines draws the MAX_LINES with the most runs and says how many it
     left out. A row shares its y axis: [0, 1] for a metric whose values all lie there. A placeholder
     figure (saying which names) when no run logs any of `names`: callers draw this figure only when the runs'
-    tasks have solution metrics (marlflow.report)."""
+    tasks have solution metrics (marlflow.report.build)."""
     s = solution_series(metrics, names)
     if s.empty:
         return _placeholder(f"{', '.join(names) or 'no solution metric'}: not logged by these runs")

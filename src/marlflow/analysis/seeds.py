@@ -22,9 +22,9 @@ import math
 
 import pandas as pd
 
-from marlflow.analysis.stats import mean_ci, rate_ci, rate_diff_ci
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
-from marlflow.workflows.spec import baseline
+from marlflow.core.stats import mean_ci, rate_ci, rate_diff_ci
+from marlflow.core.workflow_spec import baseline
 
 CELL = ["workflow", "sharing", "scale", "task", "intervention"]
 REPLICATE = ["seed", "build"]  # one replicate of a cell; `build` only where the runs carry it

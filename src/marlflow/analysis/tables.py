@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from marlflow.workflows.spec import BUILTIN
+from marlflow.core.workflow_spec import BUILTIN
 
-# The shipped workflows in their table order (marlflow.workflows.spec); others sort after them by name.
+# The shipped workflows in their table order (marlflow.core.workflow_spec); others sort after them by name.
 WORKFLOW_ORDER = list(BUILTIN)
 SHARING_ORDER = ["sp", "ip"]
 SCALE_ORDER = ["toy", "smol", "0.6b", "1.7b", "4b"]

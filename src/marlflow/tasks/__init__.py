@@ -6,7 +6,7 @@ never look inside a task: they show `Problem.prompt` to roles and hand the workf
 
     from marlflow.tasks import get_task
     task = get_task("gsm8k")
-    problems = task.load("test", spec)          # spec: marlflow.config.TaskSpec
+    problems = task.load("test", spec)          # spec: marlflow.core.config.TaskSpec
     rewards = task.score(problems, outputs)     # one float per (problem, output) pair
 """
 

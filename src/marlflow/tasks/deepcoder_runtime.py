@@ -180,7 +180,7 @@ def compute_results(
     """Run every row's first reference solution against each of its tests; write and return the results.
 
     Resumes from `out` when its sidecar says it belongs to the same rows."""
-    from marlflow.metrics import atomic_write_json
+    from marlflow.store.atomic import atomic_write_json
 
     tests = [
         parse_tests(r.get("tests") if isinstance(r, dict) else None, rows.where(i))
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="problems per sandbox batch and per save")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from marlflow.config import TaskSpec
+    from marlflow.core.config import TaskSpec
 
     bad = [n for n, v in (("--timeout", args.timeout), ("--memory-mb", args.memory_mb)) if not 0 < v < 1e6]
     bad += [n for n, v in (("--limit", args.limit), ("--batch", args.batch - 1)) if v < 0]

@@ -14,7 +14,7 @@ fixed shuffled order, and `load` returns at most `eval_size` (test) or `train_si
 them. The split is a hash of the problem's identity (`tasks.toy._is_test`); for multiplication the
 identity is the unordered pair, so "7 times 8" and "8 times 7" always land in the same split.
 
-    from marlflow.config import TaskSpec
+    from marlflow.core.config import TaskSpec
     from marlflow.tasks import get_task
     task = get_task("smol_math")
     problems = task.load("test", TaskSpec(name="smol_math", eval_size=32))

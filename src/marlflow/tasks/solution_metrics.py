@@ -4,10 +4,10 @@ At every evaluation the trainer hands the outputs of the workflow's solver roles
 generators, workers) to `solution_metrics(task, texts)` and logs what comes back as eval metrics of role
 "all", next to accuracy. What is worth measuring there belongs to the task, not to the trainer: a task
 gives it with a method `solution_metrics(texts) -> {name: value}` and their names in an attribute
-`solution_metric_names` (the model card tabulates them; marlflow.final).
+`solution_metric_names` (the model card tabulates them; marlflow.training.final).
 
 The toy tasks (marlflow.tasks.toy) predate that method and their module's bytes are hashed into the shipped
-toy model (marlflow.models.check_shipped_toy), so they are adapted here instead: a task with a
+toy model (marlflow.models.loading.check_shipped_toy), so they are adapted here instead: a task with a
 `careless(text) -> bool` style test reports `careless_share`, the share of solver outputs in the careless
 style that RL should drop (README, "What is learned").
 
@@ -35,7 +35,7 @@ def metric_names(task) -> tuple[str, ...]:
 def names_of(task_names: Iterable[str]) -> tuple[str, ...]:
     """The solution metric names of the registered tasks `task_names` (marlflow.tasks.get_task; an unknown
     name is a KeyError listing the known ones), each once, in the order of the sorted task names. The report
-    (marlflow.report) draws its solution-metrics figure, and rules/report.smk declares it, exactly when this is
+    (marlflow.report.build) draws its solution-metrics figure, and rules/report.smk declares it, exactly when this is
     not empty."""
     from marlflow.tasks import get_task  # the registry imports every task module: only when asked
 

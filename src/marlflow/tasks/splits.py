@@ -1,7 +1,7 @@
 """A run's three problem sets: training, validation and test, from a task's two splits ("train", "test").
 
     from marlflow.tasks.splits import run_splits
-    train, val, test = run_splits(task, cfg.task)   # cfg.task: marlflow.config.TaskSpec
+    train, val, test = run_splits(task, cfg.task)   # cfg.task: marlflow.core.config.TaskSpec
 
 test: the first `eval_size` problems of the task's test split, as before validation existed. val: `val_size`
 problems of the task's train split that training never sees, so that whatever selects (cliff_guard, the
@@ -10,7 +10,7 @@ train split by a prefix of a fixed order (toy, smol, math: `train_size` first pr
 `train_size + val_size` problems gives the training problems unchanged followed by `val_size` more: the
 validation set. A task whose train split is used whole (train_size 0 and no more problems than that) gives
 its last `val_size` problems to validation instead, and trains on the rest. The task modules themselves are
-not touched (tasks/toy.py is hashed into the shipped toy model's version, marlflow.toybuild).
+not touched (tasks/toy.py is hashed into the shipped toy model's version, marlflow.models.toybuild).
 """
 
 from __future__ import annotations

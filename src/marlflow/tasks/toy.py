@@ -10,7 +10,7 @@ CPU in minutes:
   model-written code. 1,120 problems, 224 held out.
 
 Train and test problems are disjoint (split by a hash of the problem text). The module also writes the
-careful, careless and deliberately slipped solutions (`solution`) that `marlflow.warmstart` turns into the
+careful, careless and deliberately slipped solutions (`solution`) that `marlflow.models.warmstart` turns into the
 warm-start corpus; see CARELESS for the behaviour RL is expected to learn.
 """
 

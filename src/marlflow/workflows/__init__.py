@@ -13,7 +13,7 @@ Unparseable role outputs (no verdict, no pick, no strategies) take the fallback 
 workflow and set `Call.format_failure`, which the trainer reports per role.
 
 What the rest of marlflow knows about a workflow (roles, slots, calls per episode, ...) is its module's
-`SPEC`, a `marlflow.workflows.spec.WorkflowSpec`; `spec_of(name)` finds it.
+`SPEC`, a `marlflow.core.workflow_spec.WorkflowSpec`; `spec_of(name)` finds it.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from marlflow.sampling import Sampling, call_seed, request_seeds
+from marlflow.core.workflow_spec import spec_of
+from marlflow.generation.sampling import Sampling, call_seed, request_seeds
 from marlflow.tasks import Problem
-from marlflow.workflows.spec import spec_of
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Context:
         self.timer = timer if timer is not None else defaultdict(float)
         self.stage = 0  # backend calls so far in this rollout: each gets its own request seeds (stream)
         # () -> bool, asked before each stage; True raises RolloutStopped. The trainer sets it for training
-        # rollouts (marlflow.preempt: a stop requested during a rollout abandons the step at its next stage).
+        # rollouts (marlflow.training.preempt: a stop requested during a rollout abandons the step at its next stage).
         self.should_stop = None
 
     def generate(self, pending: list[tuple[Episode, Call]]) -> None:
@@ -96,7 +96,7 @@ class Context:
         seed, purpose = self.sampling.seed, self.sampling.purpose
         if self.sampling.per_call and seed is None:
             raise ValueError("per-call sampling needs the rollout's seed (Sampling.seed): set it, as "
-                             "marlflow.rollout.context does for training and evaluation rollouts")  # fmt: skip
+                             "marlflow.training.rollout.context does for training and evaluation rollouts")  # fmt: skip
         for policy, pairs in by_policy.items():
             calls = [c for _, c in pairs]
             if self.sampling.per_call:

@@ -10,10 +10,10 @@ format failure and is treated as Incorrect. The final answer is the last generat
 
 import numpy as np
 
+from marlflow.core.workflow_spec import CallSpec, WorkflowSpec
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, prompts
 from marlflow.workflows.single import solve_template
-from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 
 def parse_verdict(text: str) -> tuple[bool, bool]:

@@ -8,8 +8,8 @@ generic strategy "solve it directly".
 
 import re
 
+from marlflow.core.workflow_spec import CallSpec, WorkflowSpec
 from marlflow.workflows import Call, candidate_metrics, prompts
-from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 FALLBACK_STRATEGY = "solve it directly"
 

@@ -2,7 +2,7 @@
 
 The role structure follows arXiv 2605.24202 (docs/paper-setup.md section 5); the wording is ours.
 Each builder returns a list of `{"role": ..., "content": ...}` messages; the generation backend applies
-the model's chat template. The toy model's warm start (`marlflow.models`) is trained on exactly these
+the model's chat template. The toy model's warm start (`marlflow.models.loading`) is trained on exactly these
 messages, so changing a prompt means rebuilding the toy model (Snakemake does, because the model rule
 depends on the package version of this file's text through `PROMPT_VERSION`).
 """

@@ -1,7 +1,7 @@
 """Single-agent baseline: one generator call per episode; its output is the final answer."""
 
+from marlflow.core.workflow_spec import CallSpec, WorkflowSpec
 from marlflow.workflows import Call, prompts
-from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 
 def run(episodes, ctx) -> None:

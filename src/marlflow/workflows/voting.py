@@ -7,10 +7,10 @@ but a well-formed `\\boxed{N}` counts as an aggregator format failure.
 
 import re
 
+from marlflow.core.workflow_spec import CallSpec, WorkflowSpec
 from marlflow.tasks.math import last_boxed
 from marlflow.workflows import Call, candidate_metrics, prompts
 from marlflow.workflows.single import solve_template
-from marlflow.workflows.spec import CallSpec, WorkflowSpec
 
 
 def parse_pick(text: str, n: int) -> tuple[int, bool]:

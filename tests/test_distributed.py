@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from marlflow.pipeline import snake
 from marlflow.training import distributed as D
 from marlflow.training import preempt
 
@@ -177,8 +178,8 @@ def test_ranks_from_matrix_yaml_to_the_run_sheet():
     doc = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     doc["presets"]["smoke"]["run"] = {"ranks": 2, "sampling_seeds": "per_call"}
     sheet = run_sheet(doc, "smoke")
-    assert {D.run_ranks(sheet, r) for r in sheet.index} == {2}
-    assert {D.run_ranks(run_sheet(yaml.safe_load((ROOT / "matrix.yaml").read_text()), "smoke"), r)
+    assert {snake.run_ranks(sheet, r) for r in sheet.index} == {2}
+    assert {snake.run_ranks(run_sheet(yaml.safe_load((ROOT / "matrix.yaml").read_text()), "smoke"), r)
             for r in sheet.index} == {1}  # fmt: skip
     doc["presets"]["smoke"]["run"] = {"ranks": 3}  # smoke has 2 problems per step
     with pytest.raises(MatrixError, match="ranks is 3 but grpo.problems_per_step is 2"):
@@ -193,10 +194,10 @@ def test_ranks_gpu_refusal_and_run_ranks():
         return {"scale": "toy", "preset": "toy", "config": json.dumps(cfg)}
 
     sheet = pd.DataFrame({"a": row(1, "cpu"), "b": row(2, "cpu"), "c": row(2, "cuda")}).T
-    assert [D.run_ranks(sheet, r) for r in "abc"] == [1, 2, 2]
-    assert D.ranks_gpu_refusal(sheet, None) is None  # no GPUs in the profile (local runs)
-    assert D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 2}}) is None  # CPU runs need no GPU each
-    msg = D.ranks_gpu_refusal(sheet, {"toy": {"gpu": 1}})
+    assert [snake.run_ranks(sheet, r) for r in "abc"] == [1, 2, 2]
+    assert snake.ranks_gpu_refusal(sheet, None) is None  # no GPUs in the profile (local runs)
+    assert snake.ranks_gpu_refusal(sheet, {"toy": {"gpu": 2}}) is None  # CPU runs need no GPU each
+    msg = snake.ranks_gpu_refusal(sheet, {"toy": {"gpu": 1}})
     assert msg.startswith("run c has ranks 2") and "scale_resources.toy.gpu" in msg
 
 

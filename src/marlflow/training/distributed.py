@@ -440,33 +440,3 @@ def launch(cmd: Sequence[str], environ: Mapping[str, str], preempted_file: str |
     preempted = target.exists()
     target.unlink(missing_ok=True)
     return launch_exit_code(code, preempted)
-
-
-# ------------------------------------------------------------------------------------------ the train rule's side
-
-
-def run_ranks(sheet, run_id: str) -> int:
-    """A run's ranks from the run sheet (marlflow.pipeline.matrix.run_sheet): RunConfig.ranks, 1 when config.json has no
-    such key (it is left out at 1)."""
-    import json
-
-    return int(json.loads(sheet.loc[run_id, "config"]).get("ranks", 1))
-
-
-def ranks_gpu_refusal(sheet, scale_resources: dict | None) -> str | None:
-    """None, or a message naming the first GPU run whose ranks differ from its scale's GPUs per run
-    (`scale_resources.<scale>.gpu` of a SLURM profile): each rank needs its own GPU, and a mismatch would leave
-    GPUs idle or put two ranks on one."""
-    import json
-
-    table = scale_resources or {}
-    for rid, row in sheet.iterrows():
-        gpu = (table.get(row["scale"]) or {}).get("gpu")
-        cfg = json.loads(row["config"])
-        ranks = int(cfg.get("ranks", 1))
-        if cfg.get("device") == "cuda" and gpu is not None and int(gpu) != ranks:
-            return (f"run {rid} has ranks {ranks} (matrix.yaml presets.{row['preset']}.run.ranks) but its scale "
-                    f"{row['scale']} gets gpu {gpu} per run (scale_resources.{row['scale']}.gpu in the profile): "
-                    "each rank needs one GPU, so set the two to the same number (docs/slurm.md, 'Several GPUs "
-                    "per run'). Nothing was submitted.")  # fmt: skip
-    return None

@@ -95,7 +95,7 @@ def main(argv=None) -> None:
         args.steps, args.sharing = 1, args.sharing[:1]
     if not Path(args.model, "config.json").exists():
         raise SystemExit(
-            f"--model {args.model}: no model there; build one with `python -m marlflow.models.loading`"
+            f"--model {args.model}: no model there; build one with `python -m marlflow models`"
         )
     configs = toy_configs(args)
     print(

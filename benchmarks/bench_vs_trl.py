@@ -491,7 +491,7 @@ def main(argv=None) -> None:
     args = setup(ap.parse_args(argv))
     if not Path(args.model, "config.json").exists():
         raise SystemExit(
-            f"--model {args.model}: no model there; build one with `python -m marlflow.models.loading`"
+            f"--model {args.model}: no model there; build one with `python -m marlflow models`"
         )
     logging.getLogger("marlflow").setLevel(logging.WARNING)
     results = {}

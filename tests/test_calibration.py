@@ -105,7 +105,7 @@ def _write(path, truths: np.ndarray, n: int, prefix: str, rng) -> list[str]:
 
 
 def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
-    """The real CLI (`python -m marlflow.analysis.aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
+    """The real CLI (`python -m marlflow aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
     runs with a rise and a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 70% of
     the drops are (77-88% in the simulation of 10,000)."""
     rng = np.random.default_rng(3)

@@ -211,7 +211,7 @@ def test_two_ranks_train_like_one(cells, tmp_path):
 
 
 def _cli(cfg, run: Path, log: Path) -> subprocess.Popen:
-    """`python -m marlflow.cli.train` of `cfg` (its launcher starts cfg.ranks torchrun ranks)."""
+    """`python -m marlflow train` of `cfg` (its launcher starts cfg.ranks torchrun ranks)."""
     path = run.parent / f"{run.name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmd = [
@@ -250,7 +250,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    """An uninterrupted `python -m marlflow.cli.train` of the ranks-2 Single SP config: it trains (rank 0 logs as
+    """An uninterrupted `python -m marlflow train` of the ranks-2 Single SP config: it trains (rank 0 logs as
     one process does, rank 1 only warnings, prefixed with its rank)."""
     cfg2 = _cfg("single", "sp", 2)
     ref = tmp_path_factory.mktemp("ref") / cfg2.run_id

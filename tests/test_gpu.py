@@ -69,7 +69,7 @@ def test_vllm_on_cpu_is_accepted_and_auto_is_rejected_by_the_config():
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit; this machine has CUDA")
 def test_train_cli_on_paper_preset_fails_before_loading_anything(tmp_path):
-    """`python -m marlflow.cli.train` with a paper cell exits 1 with the GPU message, in seconds (no model load)."""
+    """`python -m marlflow train` with a paper cell exits 1 with the GPU message, in seconds (no model load)."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(paper_cfg("Qwen/Qwen3-0.6X").to_dict()))
     t0 = time.time()

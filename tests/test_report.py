@@ -353,7 +353,7 @@ def test_report_needs_tables(tmp_path, runs, capsys):
     with pytest.raises(SystemExit) as exc:
         report.main(argv)
     assert (
-        exc.value.code == 2 and "run `python -m marlflow.analysis.aggregate` first" in capsys.readouterr().err
+        exc.value.code == 2 and "run `python -m marlflow aggregate` first" in capsys.readouterr().err
     )
     assert not (tmp_path / "r.html").exists()
 

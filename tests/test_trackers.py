@@ -102,7 +102,7 @@ print(json.dumps([S.get_logs("marlflow", sys.argv[1]), S.get_run_config("marlflo
 
 @pytest.mark.parametrize("name", ["trackio", "wandb"])
 def test_local_store_round_trip(make_cfg, tmp_path, name):
-    """`python -m marlflow.cli.train` with report_to [trackio] or [wandb] and no tracker variables set: the run's
+    """`python -m marlflow train` with report_to [trackio] or [wandb] and no tracker variables set: the run's
     metrics land in RUN/trackers/<name>/, offline."""
     if importlib.util.find_spec(name) is None:
         pytest.skip(f"{name} is not installed (pip install {name}); `make test` installs only tensorboard")

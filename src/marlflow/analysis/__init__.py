@@ -1,6 +1,6 @@
 """Analysis of run metrics: pure DataFrame -> DataFrame functions and plots.
 
-Used by `python -m marlflow.analysis.aggregate` (tables) and `python -m marlflow.report.build` (figures, HTML). The exact
+Used by `python -m marlflow aggregate` (tables) and `python -m marlflow report` (figures, HTML). The exact
 definitions (base, peak, terminal, cliff, failure signatures, gradient dynamics) are in
 `marlflow.core.definitions.DEFINITIONS`.
 

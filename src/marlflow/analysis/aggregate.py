@@ -1,4 +1,4 @@
-"""Aggregate finished runs into tables: `python -m marlflow.analysis.aggregate --runs PATH... --out results/tables
+"""Aggregate finished runs into tables: `python -m marlflow aggregate --runs PATH... --out results/tables
 [--analysis JSON]`.
 
 PATHs are metrics.parquet files; the samples.parquet beside each is read if present. Writes, atomically and
@@ -23,11 +23,8 @@ single values without CI columns. Definitions: marlflow.core.definitions.DEFINIT
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -35,7 +32,6 @@ import pandas as pd
 from marlflow.analysis import (
     failure_signatures,
     grad_dynamics,
-    load_runs,
     markdown_table,
     peak_terminal_latex,
     peak_terminal_table,
@@ -205,33 +201,3 @@ def interventions_heading(itv: pd.DataFrame) -> str:
         f"pooled_interventions); correction: {corr}: intervals {corrected} (each at {level}); cliff: Newcombe's "
         "paired interval; verdict on the primary stat.\n\n"
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="marlflow aggregate", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
-    parser.add_argument("--out", required=True, help="output folder, e.g. results/tables")
-    parser.add_argument(
-        "--analysis",
-        default="{}",
-        metavar="JSON",
-        help="the preset's declared analyses as JSON (its matrix.yaml `analysis:` block, "
-        'marlflow.pipeline.matrix.analysis_of), e.g. \'{"interventions": {"compare": ["kl"]}}\'',
-    )
-    args = parser.parse_args(argv)
-    try:
-        analysis = json.loads(args.analysis)
-        check_analysis(analysis)
-    except ValueError as e:  # hand-written JSON (the rule passes what marlflow.pipeline.matrix validated)
-        parser.exit(2, f"marlflow aggregate: error: --analysis {args.analysis!r}: {e}\n")
-    try:
-        metrics, _ = load_runs(args.runs)
-    except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"marlflow aggregate: error: {e}\n")
-    paths = write_tables(build_tables(metrics, analysis), args.out)
-    print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

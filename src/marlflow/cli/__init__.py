@@ -1,13 +1,15 @@
-"""The `marlflow` command: one entry point whose subcommands are the package's modules.
+"""The `marlflow` command: one entry point whose subcommands are the modules of this package.
 
     marlflow run [SNAKEMAKE ARGS]      the matrix with Snakemake and the local profile (make run)
-    marlflow matrix|models|train|aggregate|report|sandbox|plan ARGS     = python -m marlflow.<module> ARGS
+    marlflow matrix|models|train|aggregate|report|evidence|sandbox|plan ARGS
     marlflow eval --run results/runs/<id> [--step N] [--task T] [--n K]
     marlflow chat --run results/runs/<id> --role R [--step N]
 
-Every subcommand hands its remaining arguments to that module's `main(argv)`, so `marlflow train --help`
-is the train module's own help and both spellings behave identically. Installed as a console script by
-pyproject.toml (`[project.scripts]`).
+`python -m marlflow <command> ARGS` is the same (the Snakemake rules call it so). Every subcommand hands its
+remaining arguments to its module's `main(argv)` (COMMANDS: `marlflow.cli.<command>`, and the sandbox's own
+`marlflow.sandbox`), so `marlflow train --help` is that module's own help. Each command module holds one
+argparse block and calls its library (pipeline, training, analysis, report, models); nothing below this
+package imports it. Installed as a console script by pyproject.toml (`[project.scripts]`).
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ COMMANDS = {
     ),
     "matrix": ("marlflow.pipeline.matrix", "validate matrix.yaml and print a preset's run sheet"),
     "models": (
-        "marlflow.models.loading",
+        "marlflow.cli.models",
         "build the toy/smol models or validate a hub model (prepare, build-toy)",
     ),
     "train": ("marlflow.cli.train", "train one cell from its config.json"),
     "eval": ("marlflow.cli.evaluate", "evaluate a run's checkpoint on any registered task"),
     "chat": ("marlflow.cli.chat", "talk to one role of a trained run"),
-    "aggregate": ("marlflow.analysis.aggregate", "turn finished runs into summary tables"),
-    "report": ("marlflow.report.build", "figures and the HTML report from the tables"),
+    "aggregate": ("marlflow.cli.aggregate", "turn finished runs into summary tables"),
+    "report": ("marlflow.cli.report", "figures and the HTML report from the tables"),
     "sandbox": ("marlflow.sandbox", "run untrusted code against tests in the sandbox"),
+    "evidence": ("marlflow.cli.evidence", "collect finished runs into committed evidence with provenance"),
     "plan": ("marlflow.pipeline.plan", "predict each run's GPU memory, step time and GPU-hours (any preset)"),
 }
 

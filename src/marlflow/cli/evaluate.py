@@ -1,7 +1,7 @@
 """Evaluate a trained run's adapters on any registered task, without touching its training outputs.
 
     marlflow eval --run results/runs/<run_id> [--step N] [--task T] [--n K] [--max-new-tokens M]
-    python -m marlflow.cli.evaluate ...   (the same command)
+    python -m marlflow eval ...   (the same command)
 
 Loads the run's config.json, its base model and the adapters of checkpoint step N (default: the newest
 complete checkpoint; 0 is the untrained base workflow), runs the run's workflow once per problem on the

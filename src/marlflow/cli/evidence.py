@@ -15,10 +15,10 @@ An experiment's evidence is a folder results/evidence/<experiment>/ holding
     tables/<name>.md   the tables rendered from metrics.parquet (summary, summary_by_cell, contrasts, claims,
                        interventions), exactly as `render` writes them
 
-    python -m marlflow.cli.evidence collect toy_slice --results /path/to/worktree/results \\
+    python -m marlflow evidence collect toy_slice --results /path/to/worktree/results \\
         --command "snakemake --profile profiles/local --config preset=toy workflows=[single,voting] tasks=[math]"
-    python -m marlflow.cli.evidence render toy_slice          # (re)write tables/*.md from the data
-    python -m marlflow.cli.evidence render toy_slice --check  # exit 1 if a committed table differs
+    python -m marlflow evidence render toy_slice          # (re)write tables/*.md from the data
+    python -m marlflow evidence render toy_slice --check  # exit 1 if a committed table differs
 
 Docs quote a table between `<!-- evidence: EXPERIMENT/NAME.md -->` and `<!-- /evidence -->`;
 tests/test_analysis.py regenerates every quoted table from the committed data and compares it with the quote,
@@ -188,7 +188,7 @@ def quotes(paths) -> list[tuple[str, str, str, str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m marlflow.cli.evidence", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m marlflow evidence", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("collect", help="copy an experiment's results into results/evidence/<experiment>")
     c.add_argument("experiment")

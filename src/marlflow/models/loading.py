@@ -10,10 +10,10 @@
 
 Every `prepare` writes `DIR/READY` (JSON) last and atomically; Snakemake's model rule depends on it.
 
-    python -m marlflow.models.loading prepare --scale toy --model toy --out results/models/toy   # copies the shipped one
-    python -m marlflow.models.loading prepare --scale toy --model toy --out DIR --build          # builds it here
-    python -m marlflow.models.loading prepare --scale 0.6b --model Qwen/Qwen3-0.6B --out results/models/0.6b
-    python -m marlflow.models.loading build-toy --out DIR      # the toy build without READY (= python -m marlflow.models.toybuild)
+    python -m marlflow models prepare --scale toy --model toy --out results/models/toy   # copies the shipped one
+    python -m marlflow models prepare --scale toy --model toy --out DIR --build          # builds it here
+    python -m marlflow models prepare --scale 0.6b --model Qwen/Qwen3-0.6B --out results/models/0.6b
+    python -m marlflow models build-toy --out DIR      # the toy build without READY (= python -m marlflow.models.toybuild)
 
     from marlflow.models.loading import load_model_and_tokenizer
     model, tok = load_model_and_tokenizer("results/models/toy")   # or a hub id such as Qwen/Qwen3-0.6B
@@ -27,7 +27,6 @@ Qwen3 hub models think by default; the generation code passes `enable_thinking=F
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -433,37 +432,3 @@ def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):
 
 
 # ---------------------------------------------------------------- CLI
-
-
-def main(argv=None) -> None:
-    from marlflow.core.config import SCALES
-
-    ap = argparse.ArgumentParser(prog="marlflow models", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    toy = sub.add_parser("build-toy", help="build and warm-start the toy model (no READY)")
-    prep = sub.add_parser("prepare", help="make DIR usable as the model of a scale; writes DIR/READY last")
-    prep.add_argument("--scale", required=True, choices=SCALES)
-    prep.add_argument("--model", required=True, help="toy: ignored; smol: ignored; others: hub id or folder")
-    prep.add_argument(
-        "--build",
-        action="store_true",
-        help="toy: build the model here even when the settings are the shipped model's",
-    )
-    from marlflow.models import toybuild
-
-    for p in (toy, prep):
-        p.add_argument("--out", required=True, type=Path)
-        toybuild.add_arguments(p)  # the toy build's options; other scales ignore them
-    args = ap.parse_args(argv)
-    settings = {k: getattr(args, k) for k in ("steps", "solve_steps", "batch_size", "lr", "threads", "bf16")}
-    if args.cmd == "build-toy":
-        info = toybuild.build_toy(args.out, seed=args.seed, eval_n=args.eval_n, **settings)
-    else:
-        info = prepare(
-            args.scale, args.model, args.out, seed=args.seed, eval_n=args.eval_n, build=args.build, **settings
-        )
-    print(json.dumps(info, indent=2))
-
-
-if __name__ == "__main__":
-    main()

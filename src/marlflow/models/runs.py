@@ -2,7 +2,7 @@
 
 Shared by `marlflow eval`, `marlflow chat` and the `final/` writer, so that all three find the same
 checkpoint, resolve the same base model and load adapters the same way. A run folder is what
-`python -m marlflow.cli.train` writes (results/runs/<run_id>/):
+`python -m marlflow train` writes (results/runs/<run_id>/):
 
     config.json                                      the RunConfig
     checkpoints/step-N/COMPLETE                      marker written last: only such checkpoints are used

@@ -1,9 +1,9 @@
 """The HTML report: an overview page for the whole matrix and one page per run, plus the overview's figures.
 
-    python -m marlflow.report.build --tables results/tables --runs results/runs/*/metrics.parquet \\
+    python -m marlflow report --tables results/tables --runs results/runs/*/metrics.parquet \\
         --figures results/figures --html results/report.html [--pages results/report]
 
-Reads the tables written by `python -m marlflow.analysis.aggregate` (summary.parquet, failures.csv, grad_dynamics.csv
+Reads the tables written by `python -m marlflow aggregate` (summary.parquet, failures.csv, grad_dynamics.csv
 are required; contrasts.csv, summary_by_cell.csv and claims.csv are shown when present), each run's
 metrics.parquet, and beside it, when present, samples.parquet (transcripts), config.json (preset, model,
 hyperparameters) and DONE.
@@ -39,7 +39,6 @@ its settings, curves, per-role train and eval metrics, the step-time split and s
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import importlib.metadata
@@ -48,7 +47,6 @@ import math
 import os
 import platform
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -110,7 +108,7 @@ OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv", "interv
 CELL_KEYS = ["workflow", "sharing", "scale", "task", "intervention"]
 MISSING_TABLE = (
     "{name} was not found next to summary.parquet: the aggregate step that wrote these tables predates it. "
-    "Rerun <code>python -m marlflow.analysis.aggregate</code> (or <code>make run</code>) with the current marlflow."
+    "Rerun <code>python -m marlflow aggregate</code> (or <code>make run</code>) with the current marlflow."
 )
 PACKAGES = ["marlflow", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "snakemake", "pandas",
             "matplotlib"]  # fmt: skip
@@ -187,7 +185,7 @@ def read_tables(tables: str | os.PathLike) -> dict[str, object]:
     for name in REQUIRED_TABLES:
         if not (tables / name).is_file():
             raise FileNotFoundError(
-                f"{tables / name} not found; run `python -m marlflow.analysis.aggregate` first"
+                f"{tables / name} not found; run `python -m marlflow aggregate` first"
             )
     out: dict[str, object] = {
         "summary": pd.read_parquet(tables / "summary.parquet"),
@@ -200,7 +198,7 @@ def read_tables(tables: str | os.PathLike) -> dict[str, object]:
             out[name] = pd.read_csv(p) if p.is_file() else None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise ValueError(
-                f"{p}: not a readable CSV table ({e}); rerun `python -m marlflow.analysis.aggregate`"
+                f"{p}: not a readable CSV table ({e}); rerun `python -m marlflow aggregate`"
             ) from e
     return out
 
@@ -523,7 +521,7 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
     standard error of the test evaluation at each run's held-out peak step, `peak_se` from with_peak_se;
     unknown without it)."""
     if con is None:
-        return ["contrasts.csv is missing: rerun <code>python -m marlflow.analysis.aggregate</code>"]
+        return ["contrasts.csv is missing: rerun <code>python -m marlflow aggregate</code>"]
     peak = peak_estimate(summary)
     c = con[(con["contrast"] == "sp-ip") & con["stat"].isin([peak, "terminal_mean3"])]
     out = []
@@ -903,7 +901,7 @@ def _need(df: pd.DataFrame, name: str, columns: Sequence[str]) -> None:
     if missing:
         raise ValueError(
             f"{name} lacks columns {missing}; it was written by another marlflow version: rerun "
-            "`python -m marlflow.analysis.aggregate`"
+            "`python -m marlflow aggregate`"
         )
 
 
@@ -1390,27 +1388,3 @@ def make_report(
         atomic_write_text(page_paths[rid], text)
         written[f"pages/{page_paths[rid].name}"] = page_paths[rid]
     return written
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="marlflow report", description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", required=True, help="folder written by marlflow.analysis.aggregate")
-    parser.add_argument("--runs", nargs="*", default=[], metavar="PATH", help="metrics.parquet files")
-    parser.add_argument("--figures", required=True, help="output folder for PNGs, e.g. results/figures")
-    parser.add_argument("--html", required=True, help="overview page, e.g. results/report.html")
-    parser.add_argument(
-        "--pages", default=None, help="folder for one page per run (default: --html without .html)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        written = make_report(args.tables, args.runs, args.figures, args.html, args.pages)
-    except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"marlflow report: error: {e}\n")
-    pages = default_pages_dir(args.html) if args.pages is None else Path(args.pages)
-    print(f"wrote {len(written)} files: figures in {args.figures}, run pages in {pages}")
-    print(f"report: {Path(args.html).resolve()}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
 # Quickstart on a fresh machine with Python 3.11:  make run  (toy matrix on CPU)  |  make test  |  make lint
+# make test-fast: the fast tier of the tests (pytest -m 'not slow'), for a quick check while editing
 PY ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
@@ -8,7 +9,7 @@ SMOL_MODEL := results/models/smol
 export PATH := $(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup setup-vllm run test lint
+.PHONY: setup setup-vllm run test test-fast lint
 
 # Reinstall only when pyproject.toml or the lock is newer than the stamp. constraints-cpu.txt pins every
 # package (regenerate it after editing pyproject.toml: see its header), so installs are reproducible.
@@ -40,6 +41,11 @@ run: $(STAMP)
 # --durations: the 30 slowest tests end the log, so a slow CI machine shows where its time went.
 test: $(VLLM_STAMP) $(SMOL_MODEL)/READY
 	$(BIN)/pytest -q --durations=30
+
+# The fast tier (tests not marked slow): one real toy training step per workflow, one sandbox verdict, the
+# config/matrix/planner/analysis logic and the import layers; a few minutes on 2 cores, no vLLM or SmolLM2.
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow" --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

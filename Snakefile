@@ -5,8 +5,9 @@
     snakemake --profile profiles/slurm                        # paper preset on a SLURM GPU cluster
 
 Config keys (--config): matrix (default matrix.yaml), preset (default: the file's default_preset), and
-axis restrictions workflow(s)/sharing/scale(s)/task(s)/seed(s)/intervention(s). Compute settings live in
-profiles/, the experiment design in matrix.yaml; this file only wires rules together.
+axis restrictions workflow(s)/sharing/scale(s)/task(s)/seed(s)/build(s)/intervention(s). Compute settings
+(cores, GPUs, partitions) live in profiles/; the experiment design and its run settings (device, threads,
+ranks) in matrix.yaml; this file only wires rules together (marlflow.pipeline.snake holds what they call).
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Data-parallel step time (issue 27): the trainer's real step at 1 rank x 2 threads vs 2 ranks x 1 thread.
+"""Data-parallel step time: the trainer's real step at 1 rank x 2 threads vs 2 ranks x 1 thread.
 
     python benchmarks/bench_dp.py --workflows voting --model src/marlflow/models/toy_model  # toy: 3 rounds x 4 steps
     python benchmarks/bench_dp.py --preset smol --model results/models/smol --workflows voting --steps 3

@@ -1,4 +1,4 @@
-"""Evaluation in one batch vs in chunks of problems, on the toy workflows (issue 12, a lever measured and not taken).
+"""Evaluation in one batch vs in chunks of problems, on the toy workflows (a lever measured and not taken).
 
     PYTHONPATH=src python benchmarks/bench_eval_chunks.py [--model results/models/toy] [--chunk 64] [--reps 2]
         [--quick]   # tiny mode (benchmarks/harness.py): 1 round of the first run

@@ -1,4 +1,4 @@
-"""Overhead of the gradient metrics (issue 10): toy Voting step time with and without them.
+"""Overhead of the gradient metrics: toy Voting step time with and without them.
 
     python benchmarks/bench_grad_metrics.py [--model results/models/toy] [--reps 3] [--steps 3]
                                             [--sharing sp ip] [--task math] [--parity]
@@ -94,9 +94,7 @@ def main(argv=None) -> None:
     if args.quick:
         args.steps, args.sharing = 1, args.sharing[:1]
     if not Path(args.model, "config.json").exists():
-        raise SystemExit(
-            f"--model {args.model}: no model there; build one with `python -m marlflow models`"
-        )
+        raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow models`")
     configs = toy_configs(args)
     print(
         f"model {args.model}; {args.reps} repetitions x {args.steps} steps after 1 warm-up per variant, "

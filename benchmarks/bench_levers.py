@@ -1,4 +1,4 @@
-"""Interleaved A/B of the step-time levers of issue 12 on the toy workflows.
+"""Interleaved A/B of two step-time levers on the toy workflows: sorted chunks of 32 calls, shared prefill.
 
     python benchmarks/bench_levers.py [--model results/models/toy] [--steps 8] [--task math] [--sharing sp]
         [--quick]   # tiny mode (benchmarks/harness.py): 1 measured step of the first workflow

@@ -4,7 +4,7 @@
         [--quick]   # tiny mode (benchmarks/harness.py): 1 round of the shortest shape
 
 What a GRPO update on the toy model costs per chunk of 32 calls (4 prompts x G=8, the trainer's chunk), and
-what prefix sharing saves (issue 12's "prefix sharing" lever; the trainer's `_shared_prefix_logps`): "full" runs
+what prefix sharing saves (the trainer's `_shared_prefix_logps`): "full" runs
 each row's prompt + completion through the PEFT model (LoRA r 8, all linear layers) as TRL does; "shared"
 runs each distinct prompt once with a KV cache, expands the cache to its G rows (index_select, so gradients
 flow back into the prompt's computation) and runs only the completions. Both compute the same loss

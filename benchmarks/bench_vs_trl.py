@@ -1,4 +1,4 @@
-"""A marlflow step against plain TRL on the same load, per completion (issue 12).
+"""A marlflow step against plain TRL on the same load, per completion.
 
     python benchmarks/bench_vs_trl.py --model results/models/toy [--pairs 8] [--task math] [--sharing sp]
         [--workflows single eval_opt voting orch_workers] [--trl-micro-batch 32] [--ours-micro-batch N]
@@ -490,9 +490,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", help="write every step's numbers and the summary here")
     args = setup(ap.parse_args(argv))
     if not Path(args.model, "config.json").exists():
-        raise SystemExit(
-            f"--model {args.model}: no model there; build one with `python -m marlflow models`"
-        )
+        raise SystemExit(f"--model {args.model}: no model there; build one with `python -m marlflow models`")
     logging.getLogger("marlflow").setLevel(logging.WARNING)
     results = {}
     for run_id, cfg in toy_cells(args).items():

@@ -1,4 +1,4 @@
-"""One toy warm-start step (batch 32) in fp32 and under bf16 autocast, SDPA and eager attention (issue 12).
+"""One toy warm-start step (batch 32) in fp32 and under bf16 autocast, SDPA and eager attention.
 
     PYTHONPATH=src python benchmarks/bench_warmstart_step.py [--threads 2] [--steps 25] [--reps 3]
         [--quick]   # tiny mode (benchmarks/harness.py): 1 round of 2 steps on a tenth of the corpus

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             float_format="{:.4f}".format
         )
     )
-    print("\nold rules (before session 9: effect size alone; the marker rule already had a 1.75-SE test):\n")
+    print("\nold rules (before e2c7ccc: effect size alone; the marker rule already had a 1.75-SE test):\n")
     old = fp.dropna(subset=["old"]).replace({"rule": {"format / marker": "format"}})
     old = old.pivot_table(index=["rule", "setting"], columns="n", values="old")
     print(old.to_string(float_format="{:.4f}".format))

@@ -26,6 +26,7 @@ from marlflow.analysis import (
 )
 from marlflow.analysis.io import SAMPLE_COLUMNS
 from marlflow.analysis.plots import plot_curves, plot_grad_norm, plot_role_share, png_bytes
+from marlflow.cli import aggregate as aggregate_cli
 from marlflow.store.atomic import atomic_write_parquet
 from marlflow.store.schema import METRIC_COLUMNS, rows, validate_metrics, with_build, write_metrics
 
@@ -177,7 +178,7 @@ def test_cliff_boundary_uses_tolerance():
 
 
 def test_cliff_needs_more_than_noise():
-    # docs/results.md's old cliffs (session 2's table): 0.885 at step 20, 0.83 at 40, n = 200, 5 evals: within the noise now
+    # docs/results.md's old cliffs ("One seed of the toy matrix"): 0.885 at step 20, 0.83 at 40, n = 200, 5 evals: within the noise now
     acc = [0.31, 0.80, 0.885, 0.86, 0.83]
     s = summarize_runs(pd.DataFrame(eval_rows(SINGLE, [0, 10, 20, 30, 40], acc, n_eval=200))).iloc[0]
     assert not s["cliff"] and s["drop"] == pytest.approx(0.885 - (0.86 + 0.83) / 2)
@@ -356,7 +357,7 @@ def test_load_runs_reads_samples_and_dedupes(tmp_path):
 
 def test_aggregate_cli_end_to_end(tmp_path, capsys):
     paths = write_runs(tmp_path)
-    assert aggregate.main(["--runs", *paths, "--out", str(tmp_path / "t1")]) == 0
+    assert aggregate_cli.main(["--runs", *paths, "--out", str(tmp_path / "t1")]) == 0
     assert "aggregated 7 runs" in capsys.readouterr().out
     for name in aggregate.OUTPUTS:
         assert (tmp_path / "t1" / name).is_file(), name
@@ -372,7 +373,7 @@ def test_aggregate_cli_end_to_end(tmp_path, capsys):
         "run_id": "voting-ip-toy-math-s0", "workflow": "voting", "seed": "0", "intervention": "none",
         "base": "0.400", "peak": "0.700", "peak_step": "20"}  # fmt: skip
     # determinism: a second run (paths in another order) writes identical bytes
-    assert aggregate.main(["--runs", *reversed(paths), "--out", str(tmp_path / "t2")]) == 0
+    assert aggregate_cli.main(["--runs", *reversed(paths), "--out", str(tmp_path / "t2")]) == 0
     for name in aggregate.OUTPUTS:
         assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes(), name
     assert not [p for p in (tmp_path / "t1").iterdir() if p.name.endswith(".tmp")]
@@ -393,7 +394,7 @@ def test_aggregate_cli_end_to_end(tmp_path, capsys):
 )
 def test_aggregate_cli_errors(tmp_path, capsys, make, message):
     with pytest.raises(SystemExit) as exc:
-        aggregate.main(["--runs", *make(tmp_path), "--out", str(tmp_path / "out")])
+        aggregate_cli.main(["--runs", *make(tmp_path), "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -606,7 +607,7 @@ def test_aggregate_refuses_an_analysis_it_cannot_compute(tmp_path, capsys):
     for bad, says in (("[1]", "not a JSON object"), ('{"cells": {}}', "unknown analyses ['cells']"),
                       ('{"interventions": {"compare": ["kl"], "statistic": "peak"}}', "statistic 'peak'")):  # fmt: skip
         with pytest.raises(SystemExit) as e:
-            aggregate.main(["--runs", *paths, "--out", str(tmp_path / "t"), "--analysis", bad])
+            aggregate_cli.main(["--runs", *paths, "--out", str(tmp_path / "t"), "--analysis", bad])
         assert e.value.code == 2 and says in capsys.readouterr().err, bad
     assert not (tmp_path / "t").exists()
 

@@ -216,7 +216,7 @@ def test_run_config_not_json(tmp_path, capsys):
     assert f"invalid run config {bad}" in line
 
 
-# Run configs that are broken in each way issue 11 found, through the real CLI in a subprocess. They fail
+# Run configs broken in each of the ways below, through the real CLI in a subprocess. They fail
 # before the model loads, so the model path need not exist.
 def _valid_cfg() -> dict:
     from marlflow.core.config import GRPOParams, RunConfig
@@ -411,13 +411,13 @@ def test_nan_loss_skipped_counted_logged_then_stops(make_cfg, tmp_path, monkeypa
     steps in a row stop the run with NaNLossError, and the last complete checkpoint still loads."""
     cfg = make_cfg("single", "sp", task="bi_parity", steps=5, eval_every=5, save_every=1, max_nan_steps=2)
     trainer = build_trainer(cfg, tmp_path)
-    orig, nan_steps = trainer._compute_loss, {2, 4, 5}
+    orig, nan_steps = trainer.trl.loss, {2, 4, 5}
 
-    def loss(model, inputs):
-        out = orig(model, inputs)
-        return out * float("nan") if trainer.step in nan_steps else out
+    def loss(model, inputs, beta):
+        out = orig(model, inputs, beta)
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if trainer.step in nan_steps else out
 
-    monkeypatch.setattr(trainer, "_compute_loss", loss)
+    monkeypatch.setattr(trainer.trl, "loss", loss)
     with (
         caplog.at_level(logging.WARNING, logger="marlflow.training.trainer"),
         pytest.raises(NaNLossError, match="2 consecutive steps had a non-finite loss") as exc,
@@ -445,23 +445,23 @@ def test_nan_loss_stops_every_later_role(make_cfg, tmp_path, monkeypatch, sharin
     another policy under IP) runs a backward, no adapter moves, and nan_skipped = 1."""
     cfg = make_cfg("voting", sharing, task="bi_parity", steps=1)
     trainer = build_trainer(cfg, tmp_path)
-    orig, seen = trainer._compute_loss, []
+    orig, seen = trainer.trl.loss, []
 
-    def loss(model, inputs):
-        out = orig(model, inputs)
+    def loss(model, inputs, beta):
+        out = orig(model, inputs, beta)
         seen.append(len(seen))
-        return out * float("nan") if len(seen) == 1 else out
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if len(seen) == 1 else out
 
-    monkeypatch.setattr(trainer, "_compute_loss", loss)
-    before = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    monkeypatch.setattr(trainer.trl, "loss", loss)
+    before = {p: [t.detach().clone() for t in st.params] for p, st in trainer.policies.items()}
     trainer.train_step(1)
     assert seen == [0]  # the generator's first piece; the aggregator never ran
     m = pd.DataFrame(trainer.metric_rows)
     m = m[m.split == "train"].set_index(["role", "metric"]).value
     assert m[("all", "nan_skipped")] == 1.0
     assert ("aggregator", "grad_norm") not in m.index
-    for p, ps in trainer.params.items():
-        assert all(torch.equal(a, b.detach()) for a, b in zip(before[p], ps))
+    for p, st in trainer.policies.items():
+        assert all(torch.equal(a, b.detach()) for a, b in zip(before[p], st.params))
 
 
 def test_every_group_zero_advantage(make_cfg, tmp_path):
@@ -469,7 +469,7 @@ def test_every_group_zero_advantage(make_cfg, tmp_path):
     so the only parameter change is AdamW's weight decay (none with grpo.weight_decay: 0)."""
     cfg = make_cfg("voting", "ip", task="bi_constant", steps=1)
     trainer = build_trainer(cfg, tmp_path)
-    before = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    before = {p: [t.detach().clone() for t in st.params] for p, st in trainer.policies.items()}
     trainer.train_step(1)
     m = pd.DataFrame(trainer.metric_rows).set_index(["role", "metric"]).value
     for role in cfg.role_types:
@@ -477,6 +477,6 @@ def test_every_group_zero_advantage(make_cfg, tmp_path):
         assert m[(role, "advantage_mean")] == 0.0 and m[(role, "grad_norm")] == 0.0
     assert m[("all", "nan_skipped")] == 0.0 and m[("all", "grad_norm")] == 0.0
     decay = 1 - cfg.grpo.learning_rate * cfg.grpo.weight_decay
-    for p, ps in trainer.params.items():
-        for old, new in zip(before[p], ps):
+    for p, st in trainer.policies.items():
+        for old, new in zip(before[p], st.params):
             torch.testing.assert_close(new.detach(), old * decay, rtol=0, atol=1e-7)

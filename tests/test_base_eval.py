@@ -20,9 +20,9 @@ from marlflow.training import base_eval
 
 
 def _step0(trainer) -> tuple[pd.DataFrame, pd.DataFrame]:
-    trainer.evaluate_workflow(0, base=True)
-    m = pd.DataFrame(trainer.metric_rows).drop(columns=FACTOR_COLUMNS)
-    s = pd.DataFrame(trainer.sample_rows, columns=SAMPLE_COLUMNS).drop(columns=FACTOR_COLUMNS)
+    ev = trainer.evaluate_workflow(0, base=True)
+    m = pd.DataFrame(ev.metric_rows).drop(columns=FACTOR_COLUMNS)
+    s = pd.DataFrame(ev.sample_rows, columns=SAMPLE_COLUMNS).drop(columns=FACTOR_COLUMNS)
     return m[~m.metric.isin(VOLATILE_METRICS)].reset_index(drop=True), s
 
 

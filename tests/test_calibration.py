@@ -116,7 +116,7 @@ def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     truth[:, -3:] -= 0.12
     drops = _write(tmp_path / "drop" / "metrics.parquet", truth, 200, "drop", rng)
     out = tmp_path / "tables"
-    cmd = [sys.executable, "-m", "marlflow.analysis.aggregate", "--runs", str(tmp_path / "flat" / "metrics.parquet"),
+    cmd = [sys.executable, "-m", "marlflow", "aggregate", "--runs", str(tmp_path / "flat" / "metrics.parquet"),
            str(tmp_path / "drop" / "metrics.parquet"), "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

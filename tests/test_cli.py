@@ -1,6 +1,6 @@
 """The `marlflow` command and what it offers after training: eval, chat and the final/ folder.
 
-One real 2-step toy run (Voting, IP; the session's offline toy model) is trained once for the module;
+One real 2-step toy run (Voting, IP; the test session's offline toy model) is trained once for the module;
 eval, chat and final/ are then checked on it through subprocesses, as a user would call them. It trains
 on `toy_math_parity`: toy_math's problems and prompts with reward = odd output length, so that GRPO groups
 have reward variance and both adapters really move even though the test model is barely warm-started.
@@ -38,7 +38,7 @@ class ToyMathParity(ToyMath):
 
 def marlflow(*args, input=None, check=True, cwd=ROOT):
     """Run the console script when it is installed, else the same main() through `python -m`."""
-    exe = [str(BIN / "marlflow")] if (BIN / "marlflow").exists() else [sys.executable, "-m", "marlflow.cli"]
+    exe = [str(BIN / "marlflow")] if (BIN / "marlflow").exists() else [sys.executable, "-m", "marlflow"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run([*exe, *args], cwd=cwd, input=input, capture_output=True, text=True, env=env,
                          timeout=600)  # fmt: skip
@@ -121,7 +121,7 @@ def test_final_folder_loads_with_peft_and_has_a_filled_card(trained_run, toy_mod
     run_dir, cfg = trained_run
     final = run_dir / "final"
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
-    # the base relative to the root that holds results*/runs/<id> (issue 28: not this clone's absolute folder)
+    # the base relative to the root that holds results*/runs/<id> (not this clone's absolute folder)
     root = run_dir.resolve().parents[2]
     rel = Path(toy_model_dir).resolve().relative_to(root).as_posix()
     for policy in cfg.policies:
@@ -176,7 +176,7 @@ def test_eval_on_the_other_task_writes_its_table_and_leaves_training_outputs_alo
 
 
 def test_eval_on_another_task_uses_that_tasks_completion_budget(trained_run):
-    """The run trained toy_math-style with 12 tokens; toy_code needs the 40 that matrix.yaml gives it (issue 28:
+    """The run trained toy_math-style with 12 tokens; toy_code needs the 40 that matrix.yaml gives it (before,
     eval kept the source run's budget, cut every code answer off and printed accuracy 0.000)."""
     run_dir, cfg = trained_run
     assert cfg.grpo.max_completion_length == 12

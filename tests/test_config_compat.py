@@ -2,7 +2,8 @@
 
 Snakemake reruns a train job whose params (the config JSON) change, and checkpoints and the step-0 cache are
 keyed on it, so a new field must not appear in the config of a run that leaves it at its default
-(config.OMITTED_AT_DEFAULT), and a config.json without it must load with the default.
+(flag omitted_at_default in its metadata: config.fields_with), and a config.json without it must load with the
+default.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from marlflow.core.config import OMITTED_AT_DEFAULT, GRPOParams, RunConfig, TaskSpec
+from marlflow.core.config import GRPOParams, RunConfig, TaskSpec, fields_with
 from marlflow.pipeline.matrix import run_sheet
 
 MATRIX = Path(__file__).resolve().parents[1] / "matrix.yaml"
 
-# sha256 of "run_id config_json" lines of every cell of each preset, as the code before issue 23 (d6df1a0)
+# sha256 of "run_id config_json" lines of every cell of each preset, as the code at d6df1a0
 # wrote them: `run_sheet(matrix.yaml, preset)["config"]`. If a preset is changed on purpose, its finished
 # runs will be retrained: update the hash only then, and say so in the commit. toy, smoke, toy_seeds and
-# toy_interventions changed on purpose in issue 25 (task.val_size: a validation set); smol still checks that a
+# toy_interventions changed on purpose at 9ee740a (task.val_size: a validation set); smol still checks that a
 # TaskSpec field at its default (val_size 0) leaves config.json as it was. The hashes cover build-0 runs: the
 # build axis (toy_seeds' build 1) added runs, and must leave every run that existed before it as it was.
 BEFORE = {
@@ -51,7 +52,8 @@ def _cfg(**kw):
 def test_omitted_fields_are_absent_at_default_and_present_otherwise():
     d = _cfg().to_dict()
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    assert set(d) == names - set(OMITTED_AT_DEFAULT)
+    assert set(d) == names - set(fields_with(RunConfig, "omitted_at_default"))
+    assert set(d["task"]) == {f.name for f in dataclasses.fields(TaskSpec)} - {"val_size"}
     assert RunConfig.from_dict(json.loads(json.dumps(d))) == _cfg()  # absent keys load as the defaults
     changed = _cfg(max_chunk_tokens=40_960, gradient_checkpointing="on", report_to=["tensorboard"])
     d = changed.to_dict()
@@ -88,7 +90,8 @@ def test_gradient_checkpointing_auto_is_on_at_hub_scales():
     ],
 )
 def test_bad_values_name_the_field(kw, message):
-    """One range check per field (config.BOUNDS, with BOUND_NOTES' reason); cross-field rules in __post_init__."""
+    """One range check per field (its bounds and bound_note in the field's metadata); cross-field rules in
+    __post_init__."""
     from marlflow.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):

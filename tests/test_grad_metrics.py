@@ -1,4 +1,4 @@
-"""Gradient metrics and eval rows of real trainer steps on the toy model (issue 10, items 3 and 4).
+"""Gradient metrics and eval rows of real trainer steps on the toy model.
 
 The pure functions (own_scale, projection_shares, slot_amplification, ...) are tested on synthetic tensors
 in test_algos.py; here a real TRL step of the toy model must log them with the meaning
@@ -46,11 +46,11 @@ def _grad(trainer, policy, calls, adv, num_items, weight=1.0) -> torch.Tensor:
     """Flat gradient of weight * TRL's loss on `calls` alone, computed from zero grads and cleared after."""
     trainer.model.set_adapter(policy)
     trainer.model.train()
-    params = trainer.params[policy]
-    trainer.optimizers[policy].zero_grad(set_to_none=True)
-    (trainer._compute_loss(trainer.model, trainer.collate(calls, adv, num_items)) * weight).backward()
-    flat = flat_grad(params).clone()
-    trainer.optimizers[policy].zero_grad(set_to_none=True)
+    st = trainer.policies[policy]
+    st.optimizer.zero_grad(set_to_none=True)
+    (trainer.trl.loss(trainer.model, trainer.collate(calls, adv, num_items), 0.0).loss * weight).backward()
+    flat = flat_grad(st.params).clone()
+    st.optimizer.zero_grad(set_to_none=True)
     return flat
 
 
@@ -209,8 +209,7 @@ def test_eval_rows_for_cross_fitting_and_capture(make_cfg, tmp_path):
     """evaluate() logs the two fixed halves of the eval set (even / odd problem index) and, for the
     supervisory role only, the share of all its eval calls with a solution marker, with the call counts."""
     trainer = build_trainer(make_cfg("voting", "sp", task="parity"), tmp_path)
-    trainer.evaluate_workflow(0)
-    m = pd.DataFrame(trainer.metric_rows)
+    m = pd.DataFrame(trainer.evaluate_workflow(0).metric_rows)
     ev = m[m.split == "eval"].set_index(["role", "metric"]).value
     # the same evaluation replayed (evaluate's seeding), to know every eval output
     seed = trainer.cfg.seed + EVAL_SEED_OFFSET
@@ -238,8 +237,7 @@ def test_eval_rows_for_cross_fitting_and_capture(make_cfg, tmp_path):
 
 def test_single_logs_no_marker_share(make_cfg, tmp_path):
     trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
-    trainer.evaluate_workflow(0)
-    m = pd.DataFrame(trainer.metric_rows)
+    m = pd.DataFrame(trainer.evaluate_workflow(0).metric_rows)
     assert "solution_marker_share" not in set(m.metric)
     assert m[(m.role == "generator") & (m.metric == "calls")].value.item() == 6
 

@@ -1,6 +1,7 @@
 """Interventions inside real toy training: the KL path against an independent base-model computation, the
-gradient hook, and SIGKILL + resume equivalence for interventions with state (I6's EMA, cliff_guard's best
-copy and restore count)."""
+gradient hook, a kind defined outside marlflow (tests/interventions_extra/role_gain.py) in a real update, and
+SIGKILL + resume equivalence for interventions with state (I6's EMA, cliff_guard's best copy and restore
+count)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 
 import pytest
 import torch
+from test_interventions import use_role_gain
 from test_resume import kill_and_resume
 from transformers import AutoModelForCausalLM
 
@@ -60,12 +62,10 @@ def test_kl_matches_an_independent_base_model_computation(make_cfg, tmp_path, to
     expected = I.masked_mean_kl(pol[None], ref[None], torch.ones(1, n))
     assert expected > 1e-6
     inputs = trainer.collate([c], torch.tensor([0.0]), n)  # zero advantage: the loss is beta * KL alone
-    inputs["ref_per_token_logps"] = trainer._ref_logps(inputs)
+    inputs["ref_per_token_logps"] = trainer.trl.ref_logps(trainer.model, inputs)
     assert torch.allclose(inputs["ref_per_token_logps"][0], ref, atol=1e-4)
     trainer.model.train()
-    trainer.beta = beta
-    loss = trainer._compute_loss(trainer.model, inputs)
-    trainer.beta = 0.0
+    loss = trainer.trl.loss(trainer.model, inputs, beta).loss
     assert loss.item() == pytest.approx(beta * expected, rel=1e-3)
 
     # zero-advantage calls still run with KL, and the KL gradient moves the adapter toward the base
@@ -98,6 +98,29 @@ def test_hook_applies_the_scales_before_clipping(make_cfg, tmp_path):
     assert stats["generator"]["grad_contrib_post"] == pytest.approx(
         stats["generator"]["grad_contrib_pre"] / 3
     )
+
+
+def test_a_kind_from_outside_marlflow_acts_in_a_real_update(monkeypatch, make_cfg, tmp_path):
+    """role_gain (registered through MARLFLOW_INTERVENTIONS, like any kind from outside marlflow) with gain 0
+    on the generators: their adapter's applied update is exactly 0 (LoRA B stays at its zero init: no
+    gradient, so no AdamW moment and no decay of 0), while the aggregator's adapter moves."""
+    use_role_gain(monkeypatch)
+    cfg = _with(make_cfg("voting", "ip", task="parity"), "mute", kind="role_gain", gain={"generator": 0.0})
+    trainer = build_trainer(cfg, tmp_path)
+    assert type(trainer.itv).__name__ == "RoleGain"
+    calls, adv = _step(trainer)
+
+    def lora_b(role):
+        return [t.detach().clone() for n, t in trainer.model.named_parameters() if f"lora_B.{role}." in n]
+
+    before = {r: lora_b(r) for r in ("generator", "aggregator")}
+    assert all(t.abs().sum() == 0 for t in before["generator"])
+    stats = trainer.update(calls, adv)
+    assert stats["all"]["nan_skipped"] == 0
+    assert stats["generator"]["itv_scale"] == 0.0 and stats["aggregator"]["itv_scale"] == 1.0
+    assert stats["generator"]["grad_contrib_pre"] > 0 and stats["generator"]["grad_contrib_post"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before["generator"], lora_b("generator")))
+    assert any(not torch.equal(a, b) for a, b in zip(before["aggregator"], lora_b("aggregator")))
 
 
 def test_bad_intervention_definitions_are_refused(make_cfg):

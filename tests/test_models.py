@@ -167,7 +167,7 @@ def test_prepare_smol_without_package_says_how_to_install(tmp_path, monkeypatch)
 
 def test_load_missing_folder_names_path_and_fix(tmp_path):
     missing = str(tmp_path / "results" / "models" / "toy")
-    with pytest.raises(FileNotFoundError, match="marlflow.models.loading prepare") as err:
+    with pytest.raises(FileNotFoundError, match="marlflow models prepare") as err:
         models.load_model_and_tokenizer(missing)
     assert missing in str(err.value)
 

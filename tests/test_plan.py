@@ -74,7 +74,7 @@ def test_tokens_per_step_match_a_real_toy_step(make_cfg, tmp_path, workflow):
     workers = strategy = None
     if workflow == "orch_workers":  # how many workers and what strategy text the orchestrator's outputs gave
         workers = m.loc["worker", "samples"] / episodes
-        tok = trainer.processing_class
+        tok = trainer.tokenizer
         texts = [s for e in seen for s in e.info["strategies"]]
         strategy = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts) / len(texts)
     slots = plan.slot_tokens(cfg, completion, continue_frac=frac, workers=workers, strategy=strategy)
@@ -226,7 +226,7 @@ def test_hub_shape_as_a_transformers_config_is_the_published_one_and_reads_back(
 
 
 def test_activation_fit_reproduces_the_measured_widths():
-    """ACT_COEF gives issue 23's measured 91.9 / 149.4 / 222.3 KiB per token per layer (bf16, r=64)
+    """ACT_COEF gives the measured 91.9 / 149.4 / 222.3 KiB per token per layer (bf16, r=64)
     within 0.5%, and the saved-tensor count of a small random Qwen3 and Llama exactly (fp32 and bf16)."""
     for model, kib in (("Qwen/Qwen3-0.6B", 91.9), ("Qwen/Qwen3-1.7B", 149.4), ("Qwen/Qwen3-4B", 222.3)):
         got = plan.HUB_SHAPES[model].act_bytes_per_token_layer("bfloat16", 64) / 1024
@@ -348,7 +348,7 @@ def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
 
 
 def test_data_parallel_imbalance_allreduce_and_gpu_choice(capsys):
-    """Several GPUs per run (issue 27): the slowest rank's stretch, the all-reduce's cost and share, and the
+    """Several GPUs per run: the slowest rank's stretch, the all-reduce's cost and share, and the
     per-scale GPU choice of `--resources --max-gpus`."""
     assert plan.imbalance(1, 64) == 1.0
     assert (

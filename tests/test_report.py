@@ -22,8 +22,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from marlflow.analysis import aggregate
+from marlflow.cli import aggregate as aggregate_cli
+from marlflow.cli import report as report_cli
 from marlflow.report import build as report
+from marlflow.report import findings
+from marlflow.report import html as report_html
 from marlflow.store.atomic import atomic_write_parquet
 from marlflow.store.schema import SAMPLE_COLUMNS, rows, write_metrics
 
@@ -123,7 +126,7 @@ def runs(tmp_path) -> list[str]:
 def build(tmp_path: Path, runs: list[str], name: str = "out", commit: str = "abc123") -> dict[str, Path]:
     tables = tmp_path / "tables"
     if not (tables / "summary.parquet").is_file():
-        assert aggregate.main(["--runs", *runs, "--out", str(tables)]) == 0
+        assert aggregate_cli.main(["--runs", *runs, "--out", str(tables)]) == 0
     out = tmp_path / name
     return report.make_report(tables, runs, out / "figures", out / "report.html", commit=commit)
 
@@ -134,9 +137,9 @@ def run_ids(runs: list[str]) -> list[str]:
 
 def test_outputs_contract_and_cli(tmp_path, runs, capsys):
     tables = tmp_path / "tables"
-    assert aggregate.main(["--runs", *runs, "--out", str(tables)]) == 0
+    assert aggregate_cli.main(["--runs", *runs, "--out", str(tables)]) == 0
     html_path, figs = tmp_path / "r" / "report.html", tmp_path / "r" / "figures"
-    assert report.main(["--tables", str(tables), "--runs", *runs, "--figures", str(figs), "--html",
+    assert report_cli.main(["--tables", str(tables), "--runs", *runs, "--figures", str(figs), "--html",
                         str(html_path)]) == 0  # fmt: skip
     assert f"report: {html_path.resolve()}" in capsys.readouterr().out
     expected = report.outputs(figs, html_path, None, run_ids(runs), solution_metrics=True)  # toy tasks
@@ -186,7 +189,7 @@ def test_overview_page(tmp_path, runs):
 
 def test_statistics_tables_absent_or_torn(tmp_path, runs):
     tables = tmp_path / "tables"
-    aggregate.main(["--runs", *runs, "--out", str(tables)])
+    aggregate_cli.main(["--runs", *runs, "--out", str(tables)])
     for name in ("contrasts.csv", "summary_by_cell.csv", "claims.csv"):
         (tables / name).unlink()  # tables from an older aggregate step: the page says so instead of failing
     page = build(tmp_path, runs)["report.html"].read_text()
@@ -351,17 +354,15 @@ def test_report_needs_tables(tmp_path, runs, capsys):
     argv = ["--tables", str(tmp_path / "none"), "--runs", *runs, "--figures", str(tmp_path / "f"),
             "--html", str(tmp_path / "r.html")]  # fmt: skip
     with pytest.raises(SystemExit) as exc:
-        report.main(argv)
-    assert (
-        exc.value.code == 2 and "run `python -m marlflow aggregate` first" in capsys.readouterr().err
-    )
+        report_cli.main(argv)
+    assert exc.value.code == 2 and "run `python -m marlflow aggregate` first" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
 
 
 def test_report_needs_runs(tmp_path, runs, capsys):
-    aggregate.main(["--runs", *runs, "--out", str(tmp_path / "t")])
+    aggregate_cli.main(["--runs", *runs, "--out", str(tmp_path / "t")])
     with pytest.raises(SystemExit):
-        report.main(
+        report_cli.main(
             ["--tables", str(tmp_path / "t"), "--figures", str(tmp_path / "f"), "--html", str(tmp_path / "r")]
         )
     assert "no runs given" in capsys.readouterr().err
@@ -551,9 +552,9 @@ def test_replicates_wording_names_builds():
     """A cell's range counts replicates: over seeds alone it says seeds, over several toy builds it says so."""
     one_build = pd.DataFrame({"seed": [0, 1], "build": [0, 0]})
     two_builds = pd.DataFrame({"seed": [0, 0], "build": [0, 1]})
-    assert report._seeds(one_build) == "range over 2 seeds"
-    assert report._seeds(two_builds) == "range over 2 replicates (seeds x builds)"
-    assert report._seeds(two_builds.iloc[:1]) == "one seed"
+    assert findings._seeds(one_build) == "range over 2 seeds"
+    assert findings._seeds(two_builds) == "range over 2 replicates (seeds x builds)"
+    assert findings._seeds(two_builds.iloc[:1]) == "one seed"
 
 
 def test_sp_ip_lines_largest_first_and_capped():
@@ -573,8 +574,8 @@ def test_sp_ip_lines_largest_first_and_capped():
                                  gain_terminal=peak - 0.3, gain_terminal3=peak - 0.3, se=0.03, cliff=False,
                                  collapse=False, stagnation=False, n_evals=3))  # fmt: skip
     summary = pd.DataFrame(recs)
-    lines = report.sp_ip_lines(contrasts(summary), summary)
-    assert len(lines) == report.SHOWN_CELLS + 1 and lines[-1].startswith("6 more cells")
+    lines = findings.sp_ip_lines(contrasts(summary), summary)
+    assert len(lines) == findings.SHOWN_CELLS + 1 and lines[-1].startswith("6 more cells")
     assert lines[0].startswith("orch_workers smol code: held-out peak -0.250") and all(
         " smol " in x for x in lines[:6]
     )
@@ -733,13 +734,13 @@ def report_shipped_toy() -> Path:
 
 def findings_rows(exe: str, html_file: Path, shot: Path, tmp: Path) -> np.ndarray:
     """Screenshot the page's first screen; the pixel rows at least 30% filled with the findings box's
-    background colour (report.FINDINGS_BG, used by nothing else on the page)."""
+    background colour (report_html.FINDINGS_BG, used by nothing else on the page)."""
     from PIL import Image
 
     run_chromium(exe, [f"--screenshot={shot}", html_file.as_uri()], tmp, height=FIRST_SCREEN)
     img = np.asarray(Image.open(shot).convert("RGB"), dtype=int)
     assert img.shape == (FIRST_SCREEN, WIDTH, 3)
-    bg = np.array([int(report.FINDINGS_BG[i : i + 2], 16) for i in (1, 3, 5)])
+    bg = np.array([int(report_html.FINDINGS_BG[i : i + 2], 16) for i in (1, 3, 5)])
     return np.flatnonzero((np.abs(img - bg).max(axis=2) <= 2).mean(axis=1) >= 0.3)
 
 

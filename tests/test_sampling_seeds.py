@@ -1,4 +1,4 @@
-"""RunConfig.sampling_seeds (issue 27 item 4): per-call sampling seeds, and the default stream left as it was.
+"""RunConfig.sampling_seeds: per-call sampling seeds, and the default stream left as it was.
 
 - per_call: a call's sampled tokens depend on its key (marlflow.generation.sampling.call_seed: rollout seed, purpose,
   problem uid, slot, rollout index) and its logits only: alone, in a batch with other calls, or in a batch in

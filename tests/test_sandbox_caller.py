@@ -1,4 +1,4 @@
-"""The trusted caller (issue 24, part A): no program can crash or stall it, names and arguments behave as
+"""The trusted caller: no program can crash or stall it, names and arguments behave as
 in plain Python, the cache keeps only reproducible verdicts, and bad input is refused as documented.
 
 Each hostile program is judged three ways, as the trainer and users meet it: `task.score()` (the reward),

@@ -1,4 +1,4 @@
-"""Process isolation of the sandbox (issue 24, part B): one hostile program per class, each written so
+"""Process isolation of the sandbox: one hostile program per class, each written so
 that its test passes only if the attack worked, judged through `verify_many` (and the CLI for some), in
 two deployments (this machine as it is, and with Landlock switched off by MARLFLOW_SANDBOX_NO_LANDLOCK),
 with and without the audit hook, followed by a pool health check and checks that no process, socket

@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from marlflow.cli import models as models_cli
 from marlflow.models import loading as models
 from marlflow.models import toybuild
 
@@ -29,7 +30,7 @@ def test_shipped_weights_match_their_warmstart_json():
 
 def test_prepare_copies_the_shipped_model_and_writes_ready(tmp_path):
     out = tmp_path / "toy"
-    models.main(
+    models_cli.main(
         ["prepare", "--scale", "toy", "--model", "toy", "--out", str(out)]
     )  # the models rule's command
     ready = json.loads((out / "READY").read_text())

@@ -93,15 +93,15 @@ def _update_grads(trainer, calls, adv) -> dict:
     """policy -> the flat gradient update() hands its optimizer (after clipping), with the optimizer steps
     replaced by a record, so the weights stay where they are for the next call."""
     got = {}
-    for p, opt in trainer.optimizers.items():
-        opt.step = lambda p=p: got.__setitem__(
-            p, torch.cat([t.grad.flatten() for t in trainer.params[p]]).clone()
+    for p, st in trainer.policies.items():
+        st.optimizer.step = lambda p=p: got.__setitem__(
+            p, torch.cat([t.grad.flatten() for t in trainer.policies[p].params]).clone()
         )
     try:
         trainer.update(calls, adv)
     finally:
-        for opt in trainer.optimizers.values():
-            del opt.step  # the instance attribute; the class's step is back
+        for st in trainer.policies.values():
+            del st.optimizer.step  # the instance attribute; the class's step is back
     return got
 
 
@@ -130,9 +130,11 @@ def test_ip_update_touches_only_its_own_adapter(make_cfg, tmp_path):
     calls, _, adv, _, _ = trainer.flatten(episodes)
     only = [i for i, c in enumerate(calls) if c.role == "aggregator"]
     assert adv[only].abs().sum() > 0
-    before = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    before = {p: [t.detach().clone() for t in st.params] for p, st in trainer.policies.items()}
     trainer.update([calls[i] for i in only], adv[only])
-    changed = {p: any(not torch.equal(a, b) for a, b in zip(before[p], trainer.params[p])) for p in before}
+    changed = {
+        p: any(not torch.equal(a, b) for a, b in zip(before[p], trainer.policies[p].params)) for p in before
+    }
     assert changed == {"generator": False, "aggregator": True}
 
 
@@ -182,17 +184,16 @@ def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp
     trainer.model.set_adapter("shared")
     trainer.model.train()
     tokens = sum(len(c.completion_ids) for c in calls)
-    trainer.share_prefix = False  # the reference is TRL's plain forward, not the shared-prefix override
-    ref = trainer._compute_loss(trainer.model, trainer.collate(calls, adv, tokens))
+    trainer.trl.share_prefix = False  # the reference is TRL's plain forward, not the shared-prefix override
+    ref = trainer.trl.loss(trainer.model, trainer.collate(calls, adv, tokens), 0.0).loss
     ref.backward()
-    trainer.share_prefix = True
-    ref_grad = torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).clone()
-    trainer.optimizers["shared"].zero_grad(set_to_none=True)
+    trainer.trl.share_prefix = True
+    shared = trainer.policies["shared"]
+    ref_grad = torch.cat([p.grad.flatten() for p in shared.params]).clone()
+    shared.optimizer.zero_grad(set_to_none=True)
     got = {}
-    opt = trainer.optimizers["shared"]
-    opt.step = lambda: got.setdefault(
-        "g", torch.cat([p.grad.flatten() for p in trainer.params["shared"]]).clone()
-    )
+    opt = shared.optimizer
+    opt.step = lambda: got.setdefault("g", torch.cat([p.grad.flatten() for p in shared.params]).clone())
     stats = trainer.update(calls, adv)
     del opt.step
     assert stats["all"]["loss"] == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)
@@ -251,22 +252,17 @@ def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, t
 
 
 def _piece_tensors(trainer, calls, adv, piece):
-    """`collate`'s inputs for `piece`, its (B, P + C) input ids and attention mask as TRL's forward sees them, and
-    C = logits_to_keep."""
+    """`collate`'s inputs for `piece` and C = logits_to_keep (its completions' padded width)."""
     inputs = trainer.collate([calls[i] for i in piece], adv[piece], 1)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    return inputs, ids, mask, inputs["completion_ids"].size(1)
+    return inputs, inputs["completion_ids"].size(1)
 
 
 @pytest.mark.parametrize("workflow", ["voting", "eval_opt"])
 def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
     """A piece's distinct prompts run once (KV cache expanded to the rows): log-probs, entropies and the LoRA
-    gradient equal TRL's own forward of every row (`GRPOTrainer._get_per_token_logps_and_entropies`), for
-    first-stage slots and Eval-Opt's later rounds (long shared histories)."""
+    gradient equal TRL's own forward of every row (`TrlLoss.trl_logps`), for first-stage slots and Eval-Opt's
+    later rounds (long shared histories)."""
     shared_slots = 0
-    from trl import GRPOTrainer
-
     trainer = build_trainer(make_cfg(workflow, "sp", task="parity"), tmp_path)
     with torch.no_grad():  # a trained-looking adapter: a fresh lora_B is zero
         for name, p in trainer.model.named_parameters():
@@ -276,24 +272,22 @@ def test_shared_prefix_logps_equal_trls(make_cfg, tmp_path, workflow):
     calls, _, adv, _, _ = trainer.flatten(episodes)
     for slot in dict.fromkeys(c.slot for c in calls):  # every slot: first-stage and long-history prompts
         piece = [i for i, c in enumerate(calls) if c.slot == slot]
-        inputs, ids, mask, keep = _piece_tensors(trainer, calls, adv, piece)
+        inputs, keep = _piece_tensors(trainer, calls, adv, piece)
         weights = torch.randn(len(piece), keep)
         out = {}
         for name in ("ours", "trl"):
             trainer.model.zero_grad(set_to_none=True)
             if name == "ours":
-                shared = trainer._shared_prefix_logps(trainer.model, ids, mask, keep, True)
+                shared = trainer.trl.shared_prefix_logps(trainer.model, inputs, entropy=True)
                 repeats = len({tuple(calls[i].prompt_ids) for i in piece}) < len(piece)
                 assert (shared is not None) == repeats, slot  # shared exactly when a prompt repeats
                 if shared is None:  # e.g. aggregators: each rollout's candidates differ
                     break
                 logps, ent = shared
             else:
-                logps, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-                    trainer, trainer.model, ids, mask, keep, compute_entropy=True
-                )
+                logps, ent = trainer.trl.trl_logps(trainer.model, inputs, entropy=True)
             ((logps * weights * inputs["completion_mask"]).sum()).backward()
-            grad = torch.cat([p.grad.flatten() for p in trainer.params["shared"]])
+            grad = torch.cat([p.grad.flatten() for p in trainer.policies["shared"].params])
             out[name] = (logps.detach(), ent.detach(), grad)
         if "trl" not in out:
             continue
@@ -309,10 +303,10 @@ def _update_grads(trainer, calls, adv, **cfg_fields) -> dict[str, torch.Tensor]:
     """Each policy's full flat gradient as update() hands it to AdamW (optimizer step pre-hook), with the
     run config's fields replaced; parameters and AdamW state are put back afterwards."""
     trainer.cfg = dataclasses.replace(trainer.cfg, **cfg_fields)
-    saved = {p: [t.detach().clone() for t in ps] for p, ps in trainer.params.items()}
+    saved = {p: [t.detach().clone() for t in st.params] for p, st in trainer.policies.items()}
     grads, hooks = {}, []
-    for policy, opt in trainer.optimizers.items():
-        params = trainer.params[policy]
+    for policy, st in trainer.policies.items():
+        opt, params = st.optimizer, st.params
 
         def record(opt, args, kwargs, policy=policy, params=params):
             grads[policy] = torch.cat([t.grad.detach().flatten().clone() for t in params])
@@ -325,11 +319,11 @@ def _update_grads(trainer, calls, adv, **cfg_fields) -> dict[str, torch.Tensor]:
         for h in hooks:
             h.remove()
         with torch.no_grad():
-            for p, ps in trainer.params.items():
-                for t, v in zip(ps, saved[p]):
+            for p, st in trainer.policies.items():
+                for t, v in zip(st.params, saved[p]):
                     t.copy_(v)
-        for opt in trainer.optimizers.values():
-            opt.state.clear()
+        for st in trainer.policies.values():
+            st.optimizer.state.clear()
     return grads
 
 
@@ -381,13 +375,11 @@ def _checkpointing(model, on: bool) -> None:
 
 @pytest.mark.parametrize("workflow,sharing", [("voting", "sp"), ("eval_opt", "ip")])
 def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp_path, workflow, sharing):
-    """With decoder layers checkpointed, the trainer's log-probs (`_get_per_token_logps_and_entropies`, which
+    """With decoder layers checkpointed, the trainer's log-probs (`TrlLoss.logps`, the loss's forward, which
     shares each repeated prompt's forward when it can), entropies and LoRA gradients equal TRL's plain forward
     without checkpointing, slot by slot; and update()'s full gradient per policy equals the one without it.
     transformers drops a K/V cache inside checkpointed layers, so the shared-prefix path must not run there
     (it gave log-probs up to ~1 nat off, silently)."""
-    from trl import GRPOTrainer
-
     cfg = make_cfg(workflow, sharing, task="parity", max_grad_norm=1e6)
     trainer = build_trainer(dataclasses.replace(cfg, gradient_checkpointing="on"), tmp_path)
     model = trainer.model
@@ -404,7 +396,7 @@ def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp
     for slot in dict.fromkeys(c.slot for c in calls if cfg.policy_of(c.role) == policy):
         piece = [i for i, c in enumerate(calls) if c.slot == slot]
         repeated += len({tuple(calls[i].prompt_ids) for i in piece}) < len(piece)
-        inputs, ids, mask, keep = _piece_tensors(trainer, calls, adv, piece)
+        inputs, keep = _piece_tensors(trainer, calls, adv, piece)
         weights = torch.randn(len(piece), keep)
         out = {}
         for name, on in (("plain, no checkpointing", False), ("trainer, checkpointing", True)):
@@ -412,15 +404,11 @@ def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp
             assert model.is_gradient_checkpointing == on
             model.zero_grad(set_to_none=True)
             if on:
-                logps, ent, _ = trainer._get_per_token_logps_and_entropies(
-                    model, ids, mask, keep, compute_entropy=True
-                )
+                logps, ent = trainer.trl.logps(model, inputs, entropy=True)
             else:
-                logps, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-                    trainer, model, ids, mask, keep, compute_entropy=True
-                )
+                logps, ent = trainer.trl.trl_logps(model, inputs, entropy=True)
             ((logps * weights * inputs["completion_mask"]).sum()).backward()
-            grad = torch.cat([p.grad.flatten() for p in trainer.params[policy]])
+            grad = torch.cat([p.grad.flatten() for p in trainer.policies[policy].params])
             out[name] = (logps.detach(), ent.detach(), grad)
         (ref_lp, ref_ent, ref_g), (lp, ent, g) = out.values()
         m = inputs["completion_mask"].bool()
@@ -454,8 +442,8 @@ def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
     )
     trainer = build_trainer(cfg, tmp_path / "run")
     model = trainer.model
-    assert model.is_gradient_checkpointing and trainer.args.gradient_checkpointing
-    assert trainer.args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert model.is_gradient_checkpointing and trainer.trl.args.gradient_checkpointing
+    assert trainer.trl.args.gradient_checkpointing_kwargs == {"use_reentrant": False}
     episodes = rollout(trainer.cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 2)
     prompts = [c.prompt_ids for e in episodes for c in e.calls if c.role == "generator"]
     out = {}
@@ -483,12 +471,12 @@ def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = trainer._compute_loss(model, trainer.collate(gen, torch.linspace(-1, 1, len(gen)), 100))
+            inputs = trainer.collate(gen, torch.linspace(-1, 1, len(gen)), 100)
+            loss = trainer.trl.loss(model, inputs, 0.0).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
         saved[on] = sum(kept.values())
     assert saved[True] < saved[False] / 3, saved
-    trainer._metrics["train"].clear()
     _checkpointing(model, True)
     metrics = trainer.fit()
     evals = metrics[(metrics.split == "eval") & (metrics.metric == "accuracy") & (metrics.role == "all")]
@@ -500,7 +488,7 @@ def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
 
 
 def test_trl_settings_on_the_toy_model(make_cfg, tmp_path):
-    """Checkpointing is off by default at toy scale; the KL term is TRL's bias-corrected one (_grpo_args)."""
+    """Checkpointing is off by default at toy scale; the KL term is TRL's bias-corrected one (trl_loss.grpo_args)."""
     trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
-    assert not trainer.model.is_gradient_checkpointing and not trainer.args.gradient_checkpointing
-    assert trainer.args.use_bias_correction_kl is True
+    assert not trainer.model.is_gradient_checkpointing and not trainer.trl.args.gradient_checkpointing
+    assert trainer.trl.args.use_bias_correction_kl is True

@@ -1,4 +1,4 @@
-"""The user path's silent traps of issue 28, one test each: what used to be accepted quietly now fails
+"""The user path's silent traps, one test each: what used to be accepted quietly now fails
 loudly (or is done right), with a message that names the fix.
 
 The eval budget traps are in tests/test_cli.py (they reuse its trained run).
@@ -67,7 +67,7 @@ def test_adapters_name_the_base_relative_to_the_root_and_load_in_another_copy(
 
 def marlflow(*args, cwd=ROOT):
     """The `marlflow` console script (or its main() through `python -m` when it is not installed)."""
-    exe = [str(BIN / "marlflow")] if (BIN / "marlflow").exists() else [sys.executable, "-m", "marlflow.cli"]
+    exe = [str(BIN / "marlflow")] if (BIN / "marlflow").exists() else [sys.executable, "-m", "marlflow"]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([*exe, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
 

@@ -1,9 +1,10 @@
 """The TRL boundary's contract: the private `trl.GRPOTrainer` members marlflow relies on have the pinned TRL's
 signatures and give the pinned TRL's numbers on one fixed batch (docs/reference.md, "The TRL boundary").
 
-marlflow's trainer subclasses `GRPOTrainer`, overrides `_get_per_token_logps_and_entropies`, calls
-`_compute_loss` per chunk with `self.beta` set for the chunk's role, and pops TRL's per-call metric lists
-(`_metrics["train"]`). None of that is TRL's public API, so a TRL upgrade can change it without notice. This
+marlflow.training.trl_loss.TrlLoss, the one place marlflow uses TRL, builds a `GRPOTrainer` and holds it, overrides
+its `_get_per_token_logps_and_entropies`, calls `_compute_loss` per chunk with the trainer's `beta` set for the
+chunk's role, reads TRL's per-call metric lists (`_metrics["train"]`) and clears them, and pads with
+`trl.trainer.utils.pad`. None of that is TRL's public API, so a TRL upgrade can change it without notice. This
 test fails when it does:
 
 - signatures: `inspect.signature` of each private member (and `trl.trainer.utils.pad`) against the one
@@ -17,7 +18,7 @@ test fails when it does:
   clip_ratio/region_mean), against tests/data/trl_contract.json. Also checked: `_compute_loss` reaches the
   overridable `_get_per_token_logps_and_entropies` once, with compute_entropy=True and every multimodal /
   MoE keyword None or False (marlflow's override shares prompts only then), and logs `kl` only when
-  beta != 0.
+  beta != 0; TrlLoss's batch (`collate`), log-probs (`trl_logps`, `ref_logps`) and metrics are TRL's.
 
 Tolerance: 1e-5 relative plus 1e-5 absolute (log-probs near 0, small metrics). Everything is fp32 on the CPU,
 but another CPU runs other float kernels, which sum in another order: on [A] (AVX512) with torch's kernels
@@ -93,15 +94,13 @@ def _cfg(loss_type: str, tmp: Path):
     )
 
 
-def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
-    """A plain GRPOTrainer built with marlflow's GRPOConfig (trainer._grpo_args) on the toy model with one
-    LoRA adapter (marlflow.models.loading.attach_adapters), lora_B drawn from a fixed generator (a fresh B is 0)."""
+def _trl_loss(loss_type: str, tmp: Path, model=None, tok=None):
+    """marlflow's TrlLoss (its GRPOTrainer built with trl_loss.grpo_args) on the toy model with one LoRA adapter
+    (marlflow.models.loading.attach_adapters), lora_B drawn from a fixed generator (a fresh B is 0)."""
     import torch
-    from datasets import Dataset
-    from trl import GRPOTrainer
 
     from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
-    from marlflow.training.trainer import _grpo_args
+    from marlflow.training.trl_loss import TrlLoss
 
     cfg = _cfg(loss_type, tmp)
     if model is None:
@@ -112,29 +111,25 @@ def _trainer(loss_type: str, tmp: Path, model=None, tok=None):
             for name, p in sorted(model.named_parameters()):
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
+    loss = TrlLoss(cfg, model, tok, tmp / loss_type)
+    loss.share_prefix = False  # TRL's own forward inside the loss: the recorded numbers are TRL's
+    return loss, model, tok
 
-    class Spy(GRPOTrainer):
-        """Records how `_compute_loss` calls the method marlflow overrides."""
 
-        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-            self.spied.append((args, kwargs))
-            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+def _spy(trl) -> list:
+    """Record how `_compute_loss` calls the method TrlLoss overrides (on `trl`, the GRPOTrainer it holds)."""
+    spied, real = [], trl._get_per_token_logps_and_entropies
 
-    Spy.spied = []
-    args = _grpo_args(cfg, tmp / loss_type)
-    trainer = Spy(
-        model=model,
-        reward_funcs=[lambda prompts, **kw: [None] * len(prompts)],
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["unused"] * 2}),
-        processing_class=tok,
-    )
-    trainer.current_gradient_accumulation_steps = 1  # as marlflow's trainer sets it
-    return trainer, model, tok
+    def spy(*args, **kwargs):
+        spied.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    trl._get_per_token_logps_and_entropies = spy
+    return spied
 
 
 def _batch(tok, device) -> dict:
-    """The fixed batch as the input dict `_compute_loss` reads (marlflow.training.trainer's collate builds the same)."""
+    """The fixed batch as the input dict `_compute_loss` reads (TrlLoss.collate builds the same: checked)."""
     import torch
     from trl.trainer.utils import pad
 
@@ -166,7 +161,7 @@ def _masked(x, mask) -> list[float]:
 
 def compute(tmp: Path) -> dict:
     """Every recorded value, on this machine's TRL. Also asserts the structural parts of the contract (the
-    override's call, the metric lists), which need no recording."""
+    override's call, the metric lists, TrlLoss's batch and forward), which need no recording."""
     import torch
     from trl import GRPOTrainer
 
@@ -176,10 +171,17 @@ def compute(tmp: Path) -> dict:
     out: dict = {"loss": {}}
     model = tok = None
     for loss_type in LOSS_TYPES:
-        trainer, model, tok = _trainer(loss_type, tmp, model, tok)
+        tl, model, tok = _trl_loss(loss_type, tmp, model, tok)
+        trainer = tl._grpo  # the GRPOTrainer TrlLoss holds: the TRL members under contract are its
+        assert isinstance(trainer, GRPOTrainer)
         assert trainer.beta == 0.0 and trainer.loss_type == loss_type
         assert isinstance(trainer._metrics, dict) and "train" in trainer._metrics
-        inputs = _batch(tok, trainer.accelerator.device)
+        inputs = _batch(tok, tl.device)
+        prompts = [inputs["prompt_ids"][i][inputs["prompt_mask"][i].bool()].tolist() for i in range(4)]
+        comps = [tok(c, add_special_tokens=False)["input_ids"] if c else [] for c in COMPLETIONS]
+        collated = tl.collate(prompts, comps, inputs["advantages"], int(inputs["num_items_in_batch"]))
+        assert collated.keys() == inputs.keys()
+        assert all(torch.equal(collated[k], v) for k, v in inputs.items()), "TrlLoss.collate"
         mask = inputs["completion_mask"]
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         att = torch.cat([inputs["prompt_mask"], mask], dim=1)
@@ -197,42 +199,45 @@ def compute(tmp: Path) -> dict:
                         trainer, model, ids, att, keep
                     )
                 assert none is None
+                ours, ours_ent = tl.trl_logps(model, inputs, entropy=True)  # TrlLoss's plain forward: TRL's
+                assert torch.equal(ours, logps) and torch.equal(ours_ent, ent)
+                assert torch.equal(tl.ref_logps(model, inputs), ref)
                 labels = ids.masked_fill(att == 0, -100)
                 fused = model(input_ids=ids, attention_mask=att, labels=labels, fused_lm_head=True)
             out["logps"], out["entropies"] = _masked(logps, mask), _masked(ent, mask)
             out["ref_logps"] = _masked(ref, mask)
             out["fused_head_logps"] = _masked(fused.log_probs[:, -keep:], mask)
-            ref_full = ref.detach()
+            ref_full, logps_full = ref.detach(), logps.detach()
         params = [p for n, p in sorted(model.named_parameters()) if p.requires_grad]
         gen = torch.Generator().manual_seed(99)
         n = sum(p.numel() for p in params)
         directions = torch.randn(2, n, generator=gen)
+        spied = _spy(trainer)
         for beta in (0.0, BETA):
             model.zero_grad(set_to_none=True)
-            trainer._metrics["train"].clear()
-            trainer.spied.clear()
+            spied.clear()
             if beta:
                 inputs["ref_per_token_logps"] = ref_full
-            trainer.beta = beta  # what marlflow's update does per role chunk
-            try:
-                loss = trainer._compute_loss(model, inputs)
-            finally:
-                trainer.beta = 0.0
+            got = tl.loss(model, inputs, beta)  # what marlflow's update does per role chunk
+            assert trainer.beta == 0.0  # put back after the chunk
+            loss = got.loss
             loss.backward()
             flat = torch.cat([p.grad.flatten() for p in params])
-            metrics = trainer._metrics["train"]
-            ((args, kwargs),) = trainer.spied
+            metrics = got.metrics  # the last value of each of TRL's per-call lists, which TrlLoss cleared
+            assert not any(trainer._metrics["train"].values()), dict(trainer._metrics["train"])
+            ((args, kwargs),) = spied
             assert kwargs.get("compute_entropy") is True, kwargs
             extra = {k: v for k, v in kwargs.items() if k not in ("compute_entropy", "batch_size")}
             assert all(v is None or v is False for v in extra.values()), extra
             assert ("kl" in metrics) == bool(beta), sorted(metrics)
+            torch.testing.assert_close(got.logps, logps_full, rtol=RTOL, atol=ATOL)  # the loss's log-probs
             out["loss"][f"{loss_type}/beta={beta:g}"] = {
                 "loss": loss.item(),
                 "grad_norm": flat.norm().item(),
                 "grad_proj": (directions @ flat).tolist(),
-                "entropy": metrics["entropy"][-1],
-                "clip_ratio/region_mean": metrics["clip_ratio/region_mean"][-1],
-                **({"kl": metrics["kl"][-1]} if beta else {}),
+                "entropy": metrics["entropy"],
+                "clip_ratio/region_mean": metrics["clip_ratio/region_mean"],
+                **({"kl": metrics["kl"]} if beta else {}),
             }
             inputs.pop("ref_per_token_logps", None)
     return out

@@ -133,7 +133,7 @@ def test_sweep_removes_only_folders_of_dead_processes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_ranks_each_with_a_colocated_engine_train_and_exit_cleanly(smol, tmp_path):
-    """Issue 27 item 2: a 2-rank run (torchrun, gloo) with backend vllm, one colocated vLLM engine per rank, trains
+    """A 2-rank run (torchrun, gloo) with backend vllm, one colocated vLLM engine per rank, trains
     through `python -m marlflow train` to DONE with exit 0, and no rank's log has a traceback (vLLM's engine builds
     its groups on the run's process group; distributed.close leaves that group to vLLM's own shutdown)."""
     import dataclasses

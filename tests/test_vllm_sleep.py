@@ -117,14 +117,16 @@ class FakeEngine:
 def _attach(trainer, engine, **cfg_changes) -> VLLMBackend:
     """A VLLMBackend on the trainer's own model and adapters, serving from `engine`, as if on CUDA."""
     cfg = dataclasses.replace(trainer.cfg, backend="vllm", device="cuda", **cfg_changes)
-    trainer.backend = VLLMBackend(trainer.model, trainer.processing_class, cfg.policies, cfg, engine=engine)
+    trainer.backend = VLLMBackend(trainer.model, trainer.tokenizer, cfg.policies, cfg, engine=engine)
     return trainer.backend
 
 
 def _watch_training(trainer, engine) -> None:
     """Record, in the engine's event log, every optimizer step and every forward that builds a graph."""
-    for opt in trainer.optimizers.values():
-        opt.register_step_pre_hook(lambda *_: engine.events.append(("optimizer_step", engine.asleep)))
+    for st in trainer.policies.values():
+        st.optimizer.register_step_pre_hook(
+            lambda *_: engine.events.append(("optimizer_step", engine.asleep))
+        )
     trainer.model.get_input_embeddings().register_forward_pre_hook(
         lambda *_: engine.events.append(("forward", engine.asleep)) if torch.is_grad_enabled() else None
     )

@@ -66,10 +66,13 @@ def test_candidate_metrics_reuse_the_scored_final():
 
 
 def test_trainer_keeps_trls_evaluate():
-    """The workflow eval is `evaluate_workflow(step)`; `evaluate` stays transformers' Trainer.evaluate."""
+    """The workflow eval is `evaluate_workflow(step)`; the trainer is no transformers Trainer, and the TRL trainer
+    that TrlLoss holds keeps transformers' Trainer.evaluate (nothing of marlflow's shadows it)."""
     from transformers import Trainer
 
     from marlflow.training.trainer import MultiAgentGRPOTrainer
+    from marlflow.training.trl_loss import _GRPOTrainer
 
-    assert MultiAgentGRPOTrainer.evaluate is Trainer.evaluate
+    assert _GRPOTrainer.evaluate is Trainer.evaluate
+    assert not issubclass(MultiAgentGRPOTrainer, Trainer)
     assert callable(MultiAgentGRPOTrainer.evaluate_workflow)

@@ -228,7 +228,7 @@ def test_debate_workflow_trains_a_step_and_aggregates(debate, tmp_path):
 
     # aggregate as Snakemake runs it: another process, which finds the workflow through the environment
     out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, "-m", "marlflow.analysis.aggregate", "--runs", str(run_dir / "metrics.parquet"),
+    done = subprocess.run([sys.executable, "-m", "marlflow", "aggregate", "--runs", str(run_dir / "metrics.parquet"),
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     summary = pd.read_csv(out / "summary.csv")

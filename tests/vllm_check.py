@@ -147,7 +147,9 @@ def cmd_parity(args) -> dict:
 
 def cmd_checkpoint(args) -> None:
     trainer = build_trainer(make_cfg(args.model), Path(args.run))
-    trainer.evaluate_workflow(0)  # as fit() does: a checkpoint carries the metrics so far
+    ev = trainer.evaluate_workflow(0)  # as fit() does: a checkpoint carries the metrics so far
+    trainer.metric_rows += ev.metric_rows
+    trainer.sample_rows += ev.sample_rows
     train_steps(trainer, STEPS)
     trainer.save_checkpoint()
     print("CHECKPOINTED", flush=True)

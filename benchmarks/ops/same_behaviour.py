@@ -68,9 +68,11 @@ def differences(a: Path, b: Path, volatile: tuple[str, ...]) -> list[str]:
     ma, mb = (m[~m["metric"].isin(volatile)].reset_index(drop=True) for m in (ma, mb))
     if not ma.equals(mb):
         out.append(f"metrics differ ({len(ma)} vs {len(mb)} rows)")
-    if (a / "samples.parquet").exists() or (b / "samples.parquet").exists():
-        if not pd.read_parquet(a / "samples.parquet").equals(pd.read_parquet(b / "samples.parquet")):
-            out.append("samples differ")
+    has_samples = (a / "samples.parquet").exists() or (b / "samples.parquet").exists()
+    if has_samples and not pd.read_parquet(a / "samples.parquet").equals(
+        pd.read_parquet(b / "samples.parquet")
+    ):
+        out.append("samples differ")
     fa = sorted(p.relative_to(a) for p in (a / "final").rglob("*.safetensors"))
     fb = sorted(p.relative_to(b) for p in (b / "final").rglob("*.safetensors"))
     if fa != fb:
@@ -84,7 +86,9 @@ def differences(a: Path, b: Path, volatile: tuple[str, ...]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", type=Path, required=True, help="the reference tree (e.g. a worktree of the old commit)")
+    ap.add_argument(
+        "--old", type=Path, required=True, help="the reference tree (e.g. a worktree of the old commit)"
+    )
     ap.add_argument("--new", type=Path, default=Path("."), help="the tree under test (default: here)")
     ap.add_argument("--out", type=Path, required=True, help="folder for both trees' run folders")
     ap.add_argument("--steps", type=int, default=4)
@@ -96,10 +100,15 @@ def main(argv=None) -> int:
 
     bad = 0
     for rid, cfg in configs(args.new.resolve(), args.steps, args.every, args.only).items():
-        secs = [train(tree.resolve(), cfg, args.out / side / rid) for side, tree in (("old", args.old), ("new", args.new))]
+        secs = [
+            train(tree.resolve(), cfg, args.out / side / rid)
+            for side, tree in (("old", args.old), ("new", args.new))
+        ]
         diff = differences(args.out / "old" / rid, args.out / "new" / rid, VOLATILE_METRICS)
         bad += bool(diff)
-        print(f"{rid}: {'identical' if not diff else '; '.join(diff)} (old {secs[0]:.0f} s, new {secs[1]:.0f} s)")
+        print(
+            f"{rid}: {'identical' if not diff else '; '.join(diff)} (old {secs[0]:.0f} s, new {secs[1]:.0f} s)"
+        )
     print(f"{bad} run(s) differ")
     return int(bad > 0)
 

@@ -45,7 +45,7 @@ def chat(run_dir, role: str, lines, out, step: int | None = None, raw: bool = Fa
     model, tok = load_policy_model(cfg, run_dir, ckpt)
     policy = cfg.policy_of(role)
     encoder = ChatEncoder(tok, cfg.grpo.max_prompt_length)
-    backend = HFBackend(model, tok, cfg.policies)
+    backend = HFBackend(model, tok, cfg.policies, fast=cfg.fastgen)
     sampling = Sampling(temperature, cfg.grpo.top_p, max_new_tokens or cfg.grpo.max_completion_length)
     print(f"{cfg.run_id} step {step}, role {role} (adapter {policy}); one request per line, Ctrl-D ends",
           file=sys.stderr)  # fmt: skip

@@ -130,7 +130,7 @@ def _evaluate_checkpoint(ecfg: RunConfig, run_dir: Path, ckpt: Path | None, step
             f"task {ecfg.task.name!r} has an empty test split; pass --test-file or another --task"
         )
     model, tok = load_policy_model(ecfg, run_dir, ckpt)
-    use_gqa_sdpa(model)  # as the trainer does (the same forward, K/V heads read in place)
+    use_gqa_sdpa(model, ecfg.fastgen)  # as the trainer does (the same forward, K/V heads read in place)
     backend = make_backend(ecfg.backend, model, tok, ecfg.policies, ecfg)
     try:
         if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox

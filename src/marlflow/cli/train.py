@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from marlflow.core.config import ConfigError, RunConfig
+from marlflow.core.config import ConfigError, RunConfig, check_task_kind
 from marlflow.store.atomic import atomic_write_json, atomic_write_parquet
 from marlflow.store.schema import write_metrics
 from marlflow.tasks import get_task
@@ -215,9 +215,13 @@ def _train(cfg: RunConfig, args, env: distributed.Env) -> int:
     trackers.prepare(cfg, Path(args.out))  # before TRL is imported: it imports trackio
     try:
         task = get_task(cfg.task.name)  # an unknown task fails here, before the model is loaded
+        check_task_kind(cfg, task.kind)  # so does a task whose kind is not the config's task_axis
     except KeyError as err:
         print(f"marlflow train: invalid run config {args.config}: {err.args[0]}; fix the task's name in "
               "matrix.yaml (presets.<preset>.tasks)", file=sys.stderr)  # fmt: skip
+        return 2
+    except ConfigError as err:
+        print(f"marlflow train: invalid run config {args.config}: {err}", file=sys.stderr)
         return 2
     try:
         task = LoadedTask(task, cfg.task)

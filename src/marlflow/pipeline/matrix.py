@@ -1,11 +1,10 @@
 """matrix.yaml -> run sheet: one row per training run, validated up front.
 
 The experiment design lives in `matrix.yaml` as presets (toy, smol, paper, ...). A preset lists the axes
-(workflow x sharing x scale x task x seed x build x intervention), maps each task and scale to a dataset and a
-model,
-and sets GRPO and run-level settings, with optional per-cell `overrides`. Expanding a preset builds one
-`RunConfig` per cell, so every invalid value fails here, before Snakemake schedules anything, with one
-paragraph that names the key path and the fix.
+(AXES: workflow x sharing x scale x task x seed x build x intervention), maps each task and scale to a dataset
+and a model, and sets GRPO and run-level settings, with optional per-cell `overrides`. Expanding a preset
+builds one `RunConfig` per cell, so every invalid value fails here, before Snakemake schedules anything, with
+one paragraph that names the key path and the fix.
 
     python -m marlflow.pipeline.matrix matrix.yaml                  # validate, print the default preset's run sheet
     python -m marlflow.pipeline.matrix matrix.yaml --preset paper --json
@@ -17,7 +16,8 @@ their ids apart (toy_long's runs are `...-s0-long`).
 The file is read defensively, since a matrix file may come from anywhere: at most MAX_FILE_BYTES, strict
 UTF-8, YAML with duplicate keys rejected, nesting at most MAX_DEPTH deep and at most MAX_NODES values after
 alias expansion (a 5 KB "billion laughs" file fails in milliseconds), every mapping key a string, every
-number finite and within the bounds of marlflow.core.config.BOUNDS, task names checked against the registry.
+number finite and within its field's bounds (marlflow.core.config.bounds_of), task names checked against the
+registry and each task's kind against the task axis value it is listed under.
 Every failure is a MatrixError: one paragraph of at most MAX_MESSAGE characters, exit status 2.
 
     from marlflow.pipeline.matrix import run_sheet
@@ -38,6 +38,7 @@ cover model-build variance.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import dataclasses
 import difflib
@@ -47,6 +48,8 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -64,33 +67,75 @@ MAX_NODES = 100_000  # values after alias expansion
 MAX_RUNS = 100_000  # cells a preset may expand to
 MAX_MESSAGE = 2000  # characters of one error message
 
-AXES = ("workflow", "sharing", "scale", "task", "seed", "build", "intervention")
-INT_AXES = ("seed", "build")
+NAME_PATTERN = "^[a-z][a-z0-9_]*$"  # a name the matrix defines itself (an intervention's)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis of the matrix. Its entry in AXES is all the matrix code knows of it: the schema of a preset's
+    `axes:`, `when:` and `exclude:`, the --config restriction and its plural, the defaults, the run sheet's
+    column and the RunConfig field a cell's value goes to are all made from it.
+
+    name: the key under a preset's `axes:` / `when:` / `exclude:`, the run sheet's column, a --config key and
+        the metrics' factor column (marlflow.store.schema.FACTOR_COLUMNS, in this order after run_id).
+    field: the RunConfig field holding the value; its metadata names the axis (`axis=name`).
+    help: what the axis varies.
+    plural: another spelling accepted as a --config key, e.g. workflows=[voting] ("": none).
+    values: the allowed values where the field has no enum of its own (workflows: the registry); None with
+        neither: integers within the field's bounds (seed, build), or names the preset defines (intervention).
+    default: the values of a preset that does not list the axis; () = the axis is required.
+    table: the preset mapping that needs an entry per value (`tasks`, `models`), with the schema of an entry.
+    """
+
+    name: str
+    field: str
+    help: str
+    plural: str = ""
+    values: Callable[[], Sequence] | None = None
+    default: tuple = ()
+    table: str = ""
+    table_entry: dict | None = None
+
+    def allowed(self) -> tuple | None:
+        """The values a preset may list, None where they are integers or the preset's own names."""
+        if self.values is not None:
+            return tuple(self.values())
+        enum = C.enum_of(RunConfig, self.field)
+        return tuple(enum) if enum is not None else None
+
+    @property
+    def integer(self) -> bool:
+        return str({f.name: f for f in dataclasses.fields(RunConfig)}[self.field].type) == "int"
+
+    def item_schema(self) -> dict:
+        """The JSON schema of one value of the axis."""
+        if self.integer:
+            return {"type": "integer", **C.bounds_of(RunConfig)[self.field]}
+        allowed = self.allowed()
+        return {"enum": list(allowed)} if allowed is not None else {"type": "string", "pattern": NAME_PATTERN}
+
+
+# The axes, in the order of the run sheet's and the metrics' columns. Adding one: tests/test_config_fields.py,
+# test_a_new_axis, shows every place that must change and checks the lists kept elsewhere against this one.
+AXES = {
+    a.name: a
+    for a in (
+        Axis("workflow", "workflow", "the multi-agent workflow", "workflows", values=workflow_names),
+        Axis("sharing", "sharing", "one adapter for all roles (sp) or one per role type (ip)"),
+        Axis("scale", "scale", "the model size", "scales", table="models",
+             table_entry={"type": "string", "minLength": 1}),
+        Axis("task", "task_axis", "the task kind: math or code", "tasks", table="tasks",
+             table_entry={"$ref": "#/$defs/task"}),
+        Axis("seed", "seed", "the sampling seed of training and evaluation", "seeds", default=(0,)),
+        Axis("build", "build", "the toy model's build seed; 0 = the shipped toy model", "builds", default=(0,)),
+        Axis("intervention", "intervention", "the intervention, a name defined in the preset's interventions "
+             "block; none = no intervention", "interventions", default=("none",)),
+    )
+}  # fmt: skip
+INT_AXES = tuple(a.name for a in AXES.values() if a.integer)
 # Plural spellings accepted as overrides, e.g. `snakemake --config workflows=[voting] tasks=[math]`.
-ALIASES = {
-    "workflows": "workflow",
-    "scales": "scale",
-    "tasks": "task",
-    "seeds": "seed",
-    "builds": "build",
-    "interventions": "intervention",
-}
+ALIASES = {a.plural: a.name for a in AXES.values() if a.plural}
 SHEET_COLUMNS = [*AXES, "preset", "model", "config"]
-# RunConfig fields that come from the axes and the task/model maps, not from a preset's `run:` section.
-NOT_RUN_LEVEL = {
-    "run_id",
-    "workflow",
-    "sharing",
-    "scale",
-    "task_axis",
-    "seed",
-    "build",
-    "task",
-    "model",
-    "intervention",
-    "intervention_spec",
-}
-NOT_RUN_LEVEL |= {"preset", "grpo"}
 JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "object",
               "list": "array"}  # fmt: skip
 # JSON schema counts 40.0 as an integer; a config field typed int must get an int.
@@ -107,14 +152,22 @@ class MatrixError(ValueError):
 
 
 def _fields_schema(cls, skip=()) -> dict:
+    """The JSON schema of the fields of config class `cls` but `skip`: type, help, bounds and enum from each
+    field's metadata (marlflow.core.config)."""
     # Field types are strings ("int", "float") because config.py uses `from __future__ import annotations`.
     out = {}
+    bounds = C.bounds_of(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        out[f.name] = {"type": JSON_TYPES[str(f.type)], **C.BOUNDS.get(f.name, {})}
-        if f.name in C.ENUMS:
-            enum = {"enum": list(C.ENUMS[f.name])}
+        out[f.name] = {
+            "type": JSON_TYPES[str(f.type)],
+            "description": C.help_of(cls, f.name),
+            **bounds.get(f.name, {}),
+        }
+        enum = C.enum_of(cls, f.name)
+        if enum is not None:
+            enum = {"enum": list(enum)}
             if out[f.name]["type"] == "array":  # a list of distinct enum values (report_to)
                 enum = {"items": {"type": "string", **enum}, "uniqueItems": True}
             out[f.name].update(enum)
@@ -122,26 +175,25 @@ def _fields_schema(cls, skip=()) -> dict:
 
 
 def schema() -> dict:
-    """The JSON schema of matrix.yaml, with enums and field lists taken from marlflow.core.config."""
+    """The JSON schema of matrix.yaml: matrix_schema.json's structure, with the axes (AXES) and the fields of
+    task / grpo / run (their metadata in marlflow.core.config) filled in."""
     s = json.loads(resources.files("marlflow.pipeline").joinpath("matrix_schema.json").read_text())
     d = s["$defs"]
-    for name, values in [
-        ("workflow", workflow_names()),
-        ("sharing", C.SHARINGS),
-        ("scale", C.SCALES),
-        ("task_axis", C.TASK_AXIS),
-    ]:
-        d[name]["enum"] = list(values)
+    for a in AXES.values():
+        d[a.field] = a.item_schema()  # one value of the axis, named by its RunConfig field
+        ref = {"$ref": f"#/$defs/{a.field}"}
+        d["axes"]["properties"][a.name] = {"description": a.help, "type": "array", "minItems": 1,
+                                           "uniqueItems": True, "items": ref}  # fmt: skip
+        d["when"]["properties"][a.name] = {"type": "array", "minItems": 1, "items": ref}
+        if a.table:
+            d["preset"]["properties"][a.table]["properties"] = {v: a.table_entry for v in a.allowed()}
     d["intervention_def"]["properties"]["kind"]["enum"] = list(C.INTERVENTION_KINDS)
     d["intervention_analysis"]["properties"]["pair_by"]["items"]["enum"] = [
         a for a in AXES if a != "intervention"
     ]
     d["task"]["properties"] = _fields_schema(TaskSpec)
     d["grpo"]["properties"] = _fields_schema(GRPOParams)
-    d["run"]["properties"] = _fields_schema(RunConfig, skip=NOT_RUN_LEVEL)
-    d["preset"]["properties"]["tasks"]["properties"] = {t: {"$ref": "#/$defs/task"} for t in C.TASK_AXIS}
-    models = d["preset"]["properties"]["models"]
-    models["properties"] = {s: {"type": "string", "minLength": 1} for s in C.SCALES}
+    d["run"]["properties"] = _fields_schema(RunConfig, skip=C.fields_with(RunConfig, "not_run_level"))
     return s
 
 
@@ -474,12 +526,12 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
             _fail(
                 f"{name}: presets.{preset}.{key}", "is missing; every preset needs axes, tasks, models, grpo."
             )
-    for axis in ("workflow", "sharing", "scale", "task"):
-        if axis not in out["axes"]:
-            _fail(f"{name}: presets.{preset}.axes.{axis}", "is missing; list the values to run.")
-    out["axes"].setdefault("seed", [0])
-    out["axes"].setdefault("build", [0])
-    out["axes"].setdefault("intervention", ["none"])
+    for a in AXES.values():
+        if not a.default and a.name not in out["axes"]:
+            _fail(f"{name}: presets.{preset}.axes.{a.name}", "is missing; list the values to run.")
+    for a in AXES.values():
+        if a.default:
+            out["axes"].setdefault(a.name, list(a.default))
     defined = out.setdefault("interventions", {})
     if "none" in defined:
         _fail(
@@ -494,19 +546,30 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
                 f"{', '.join(C.INTERVENTION_KINDS)}) or use one of: {', '.join(['none', *defined])}.",
             )
     _check_analysis(out, preset, name)
-    for axis, table in (("task", "tasks"), ("scale", "models")):
-        for v in out["axes"][axis]:
-            if v not in out[table]:
+    for a in (a for a in AXES.values() if a.table):
+        for v in out["axes"][a.name]:
+            if v not in out[a.table]:
                 _fail(
-                    f"{name}: presets.{preset}.{table}",
-                    f"has no entry for {axis} {v!r} (listed in presets.{preset}.axes.{axis}); "
-                    f"add `{v}: ...` under presets.{preset}.{table} or drop {v!r} from the axis.",
+                    f"{name}: presets.{preset}.{a.table}",
+                    f"has no entry for {a.name} {v!r} (listed in presets.{preset}.axes.{a.name}); "
+                    f"add `{v}: ...` under presets.{preset}.{a.table} or drop {v!r} from the axis.",
                 )
-    from marlflow.tasks import TASKS, _load_builtin
+    _check_tasks(out["tasks"], chain, name)
+    n_runs = math.prod(len(out["axes"][a]) for a in AXES)
+    if n_runs > MAX_RUNS:
+        _fail(f"{name}: presets.{preset}.axes", f"expands to {n_runs:,} runs, more than {MAX_RUNS:,}.")
+    return out
+
+
+def _check_tasks(tasks: dict, chain: list[str], name: str) -> None:
+    """Each entry of a preset's `tasks:` (chain: the preset and those it extends) names a registered task of
+    the entry's task kind (`marlflow.tasks.get_task(name).kind`, what RunConfig.task_axis must be). Raises
+    MatrixError."""
+    from marlflow.tasks import TASKS, _load_builtin, get_task
 
     _load_builtin()
-    for axis_value, spec in out["tasks"].items():
-        where = f"{name}: presets.{preset}.tasks.{axis_value}"
+    for kind, spec in tasks.items():
+        where = f"{name}: presets.{chain[0]}.tasks.{kind}"
         if "name" not in spec:
             via = f" (nor in the presets it extends: {' -> '.join(chain[1:])})" if len(chain) > 1 else ""
             _fail(where, f"has no name{via}; add `name: ...`, one of: {', '.join(sorted(TASKS))}.")
@@ -516,10 +579,16 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
                 f"{_short(spec['name'])} is not a registered task.{_did_you_mean(spec['name'], TASKS)} "
                 f"Registered tasks: {', '.join(sorted(TASKS))}.",
             )
-    n_runs = math.prod(len(out["axes"][a]) for a in AXES)
-    if n_runs > MAX_RUNS:
-        _fail(f"{name}: presets.{preset}.axes", f"expands to {n_runs:,} runs, more than {MAX_RUNS:,}.")
-    return out
+        actual = get_task(spec["name"]).kind
+        if actual != kind:
+            same = sorted(t for t in TASKS if get_task(t).kind == kind)
+            _fail(
+                f"{where}.name",
+                f"{_short(spec['name'])} is a {actual} task (marlflow.tasks.get_task({spec['name']!r}).kind is "
+                f"{actual!r}), but the entry is the preset's {kind!r} task, whose runs prompt and are scored as "
+                f"{kind} (RunConfig.task_axis). Move it under tasks.{actual}, or name a {kind} task: "
+                f"{', '.join(same)}.",
+            )
 
 
 def _check_analysis(p: dict, preset: str, name: str) -> None:
@@ -560,13 +629,8 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
     """Restrict or replace axes from the command line, e.g. {"workflows": ["voting"], "seed": "1"}.
     interventions: the intervention names the preset defines ("none" included)."""
     axes = dict(axes)
-    allowed = {
-        "workflow": workflow_names(),
-        "sharing": C.SHARINGS,
-        "scale": C.SCALES,
-        "task": C.TASK_AXIS,
-        "intervention": tuple(interventions),
-    }
+    allowed = {a.name: a.allowed() for a in AXES.values()}
+    allowed["intervention"] = tuple(interventions)
     for key, val in (overrides or {}).items():
         axis = ALIASES.get(key, key)
         if axis not in AXES:
@@ -579,19 +643,21 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
         if not vals:
             _fail(f"override {key}", "is empty; list at least one value.")
         if axis in INT_AXES:
+            lo, hi = (C.bounds_of(RunConfig)[AXES[axis].field][k] for k in ("minimum", "maximum"))
+            many = AXES[axis].plural or axis
             try:
                 vals = [int(v) for v in vals]
-                if not all(0 <= v <= C.MAX_SEED for v in vals):
+                if not all(lo <= v <= hi for v in vals):
                     raise ValueError
             except (TypeError, ValueError, OverflowError):
                 _fail(
                     f"override {key}",
-                    f"is {_short(val)}; {axis}s must be integers in 0..{C.MAX_SEED}, e.g. {axis}s=[0,1,2].",
+                    f"is {_short(val)}; {many} must be integers in {lo}..{hi}, e.g. {many}=[0,1,2].",
                 )
         else:
             vals = [str(v) for v in vals]
             for v in vals:
-                if v not in allowed[axis]:
+                if allowed[axis] is not None and v not in allowed[axis]:
                     _fail(
                         f"override {key}",
                         f"{v!r} is not a known {axis}.{_did_you_mean(v, allowed[axis])} "
@@ -601,35 +667,39 @@ def _apply_overrides(axes: dict, overrides: dict, interventions=("none",)) -> di
     return axes
 
 
-# Snakemake config keys (--config, a profile's `config:` / `configfiles:`) the Snakefile reads, with what each
-# is for; anything else is a typo that Snakemake itself would ignore in silence.
-CONFIG_KEYS = {
-    "matrix": "the matrix file (default matrix.yaml)",
-    "preset": "the preset to run (default: the matrix's default_preset)",
-    "scale_resources": "per-scale GPUs, memory and time (a profile's config)",
-    "toy_build": "options of the toy model build, e.g. --build",
-    **{a: "restrict this axis" for a in (*AXES, *ALIASES)},
-}
+def config_keys() -> dict[str, str]:
+    """Snakemake config keys (--config, a profile's `config:` / `configfiles:`) the Snakefile reads, with what
+    each is for: every axis and its plural among them. Anything else is a typo that Snakemake itself would
+    ignore in silence."""
+    return {
+        "matrix": "the matrix file (default matrix.yaml)",
+        "preset": "the preset to run (default: the matrix's default_preset)",
+        "scale_resources": "per-scale GPUs, memory and time (a profile's config)",
+        "toy_build": "options of the toy model build, e.g. --build",
+        **{a: "restrict this axis" for a in (*AXES, *ALIASES)},
+    }
 
 
 def check_config_keys(config: dict) -> None:
     """Raise MatrixError for a Snakemake config key the Snakefile does not read (e.g. `wrkflows=[voting]`,
     `learning_rate=0.001`), naming the closest known key, or where a training setting goes instead."""
+    known = config_keys()
+    not_run_level = C.fields_with(RunConfig, "not_run_level")
     for key in config:
-        if key in CONFIG_KEYS:
+        if key in known:
             continue
         fields = {f.name: "grpo" for f in dataclasses.fields(GRPOParams)}
-        fields.update({f.name: "run" for f in dataclasses.fields(RunConfig) if f.name not in NOT_RUN_LEVEL})
+        fields.update({f.name: "run" for f in dataclasses.fields(RunConfig) if f.name not in not_run_level})
         hint = (
             f" {key} is a training setting: set it in matrix.yaml under presets.<preset>.{fields[key]}.{key} "
             "(or in a new preset that extends yours)."
             if key in fields
-            else _did_you_mean(key, CONFIG_KEYS)
+            else _did_you_mean(key, known)
         )
         _fail(
             "--config",
             f"{key!r} is not a config key marlflow reads, so it would be ignored.{hint} Known keys: "
-            f"{', '.join(CONFIG_KEYS)}, e.g. --config preset=smol workflows=[voting] tasks=[math].",
+            f"{', '.join(known)}, e.g. --config preset=smol workflows=[voting] tasks=[math].",
         )
 
 
@@ -654,8 +724,8 @@ def check_run_ids(path_or_dict) -> None:
 
     A run's folder is named by its id, so two presets that train the same cell differently (toy_long's 120
     steps against toy's 40) would overwrite each other's results, and a rerun would resume one from the
-    other's checkpoints. Presets may share a run only when its config differs at most in
-    config.PROVENANCE_FIELDS (toy_seeds' seed 0 is toy's run). The fix is a `tag:` on one of the presets."""
+    other's checkpoints. Presets may share a run only when its config differs at most in fields flagged
+    provenance (marlflow.core.config; toy_seeds' seed 0 is toy's run). The fix is a `tag:` on one of them."""
     doc = load_matrix(path_or_dict)
     name = "matrix" if isinstance(path_or_dict, dict) else str(path_or_dict)
     seen: dict[str, tuple[str, dict]] = {}
@@ -722,16 +792,19 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
     value is caught at expansion time. Raises MatrixError.
     """
     doc, name, preset, p, axes = _selected(path_or_dict, preset, overrides)
-    for axis in ("scale", "task"):
-        table = {"scale": "models", "task": "tasks"}[axis]
-        for v in axes[axis]:
-            if v not in p[table]:
+    for a in (a for a in AXES.values() if a.table):
+        for v in axes[a.name]:
+            if v not in p[a.table]:
                 _fail(
-                    f"override {axis}",
-                    f"{v!r} has no entry in presets.{preset}.{table}; pick another preset.",
+                    f"override {a.name}",
+                    f"{v!r} has no entry in presets.{preset}.{a.table}; pick another preset.",
                 )
     rows = []
-    for wf, sh, sc, tk, seed, build, iv in itertools.product(*(axes[a] for a in AXES)):
+    for values in itertools.product(*(axes[a] for a in AXES)):
+        cell = dict(zip(AXES, values))
+        wf, sh, sc, tk, build, iv = (
+            cell[a] for a in ("workflow", "sharing", "scale", "task", "build", "intervention")
+        )
         if sh == "ip" and len(spec_of(wf).role_types) == 1:
             continue  # one role type (single), hence one policy: it only exists under sp
         if build and sc != "toy":
@@ -740,7 +813,6 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
                 f"is {build} for scale {sc}, but only the toy model is built from a seed (scale {sc}'s model is "
                 "fixed); keep build [0] for it, or restrict the build axis to a toy-only preset.",
             )
-        cell = dict(workflow=wf, sharing=sh, scale=sc, task=tk, seed=seed, build=build, intervention=iv)
         if any(_matches(w, cell) for w in p.get("exclude", [])):
             continue  # a slice of the grid (e.g. CI's paper_micro_ci)
         grpo, run = dict(p["grpo"]), dict(p.get("run", {}))
@@ -748,17 +820,11 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
             if _matches(o["when"], cell):
                 grpo.update(o.get("grpo", {}))
                 run = _merge(run, o.get("run", {}))
-        rid = run_id(wf, sh, sc, tk, seed, iv, p.get("tag", ""), build)
+        rid = run_id(**cell, tag=p.get("tag", ""))  # a new axis must be given its part of the id there
         try:
             cfg = RunConfig(
                 run_id=rid,
-                workflow=wf,
-                sharing=sh,
-                scale=sc,
-                task_axis=tk,
-                seed=seed,
-                build=build,
-                intervention=iv,
+                **{a.field: cell[a.name] for a in AXES.values()},
                 intervention_spec=dict(p["interventions"][iv]) if iv != "none" else {"kind": "none"},
                 preset=preset,
                 task=TaskSpec(**p["tasks"][tk]),
@@ -779,6 +845,12 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
         _fail(
             f"{name}: presets.{preset}.axes",
             "expands to no runs (single pairs with sp only); add sharing sp.",
+        )
+    twice = sorted(r for r, n in collections.Counter(r["run_id"] for r in rows).items() if n > 1)
+    if twice:  # run_id leaves an axis out: two cells would train into one folder
+        _fail(
+            f"{name}: presets.{preset}",
+            f"expands to run {twice[0]!r} more than once; run_id must name every axis.",
         )
     return pd.DataFrame(rows).set_index("run_id")[SHEET_COLUMNS]
 

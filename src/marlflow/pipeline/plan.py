@@ -62,7 +62,7 @@ GPUS = {
 # Time constants: estimates, each good to about +-2x (docs/planner.md "Time").
 TIME = {
     # Share of the dense bf16 peak that LoRA forward-backward reaches. 0.4 x 989 = ~400 TFLOP/s on an H100,
-    # optimistic for a 0.6B model at one call per chunk (issue 23, "Time").
+    # optimistic for a 0.6B model at one call per chunk (docs/planner.md, "Time").
     "train_mfu": 0.40,
     # Prefill (prompt tokens in vLLM) is compute-bound like training's forward.
     "prefill_mfu": 0.40,
@@ -70,12 +70,12 @@ TIME = {
     # sequence's K/V; vLLM reaches ~60-70% of peak bandwidth in its decode kernels.
     "decode_bw_eff": 0.60,
     # vLLM level-1 sleep + wake per step: weights copied to and from host memory. Public measurements:
-    # ~1.4 s for Qwen3-0.6B + LoRA, ~12.8 s for Qwen3-8B (public reports cited in issue 23): 1 s + 0.75 s per GB of weights.
+    # ~1.4 s for Qwen3-0.6B + LoRA, ~12.8 s for Qwen3-8B (public vLLM reports): 1 s + 0.75 s per GB of weights.
     "sleep_wake_s": 1.0,
     "sleep_wake_s_per_gb": 0.75,
     # Per step, outside generation and the update: LoRA weight sync into vLLM, scoring, logging.
     "step_overhead_s": 5.0,
-    # Data parallel (issue 27). Coefficient of variation of one problem's work in a step (its G rollouts'
+    # Data parallel (RunConfig.ranks). Coefficient of variation of one problem's work in a step (its G rollouts'
     # tokens): completion lengths differ by problem and by sample; an assumption, not a measurement. With k
     # problems per rank the slowest of n ranks does ~(1 + cv / sqrt(k) x E[max of n standard normals]) of the
     # mean rank's work (`imbalance`); every rank waits for it at the all-reduce.
@@ -101,7 +101,7 @@ MEMORY = {
     # The head's working tile: TOKEN_CHUNK_SIZE (4096) positions x 32768 vocabulary columns
     # (trl/kernels/chunked_logprob.py). CUDA (Triton): one fp32 tile of completion positions, <= 0.54 GB.
     # CPU (torch fallback): every position of the chunk, ~32 bytes per tile element (~1 MiB per position
-    # at full width, measured for issue 23).
+    # at full width, measured on the CPU).
     "head_tile_positions": 4096,
     "head_tile_vocab": 32768,
     "head_tile_bytes": {"cuda": 4, "cpu": 32},
@@ -112,7 +112,7 @@ MEMORY = {
 # Qwen3 and Llama, counted with torch.autograd.graph.saved_tensors_hooks
 # (`python benchmarks/bench_plan_memory.py fit`). Terms: hidden h, intermediate i, query width q = heads x
 # head_dim, K/V width kv = kv_heads x head_dim, heads, kv_heads, LoRA rank r, Qwen3's q/k norms (qk_norm x (q +
-# kv)). It reproduces the measured 91.9 / 149.4 / 222.3 KiB of issue 23 at Qwen3-0.6B / 1.7B / 4B to
+# kv)). It reproduces the measured 91.9 / 149.4 / 222.3 KiB at Qwen3-0.6B / 1.7B / 4B to
 # 0.0 / +0.3% / +0.3% (bf16). PEFT keeps LoRA weights in fp32, so inputs to the adapters are fp32 copies: that
 # is why bf16's h term (28) is larger than fp32's (16).
 ACT_COEF = {

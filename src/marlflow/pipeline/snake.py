@@ -94,7 +94,9 @@ def model_folders(sheet: pd.DataFrame) -> dict[str, dict]:
 def toy_seed_refusal(config: dict, sheet: pd.DataFrame) -> str | None:
     """`toy_build: "--seed 3"` together with builds > 0 would name the seed twice; argparse would keep the
     last and two folders could hold one model."""
-    if "--seed" in str(config.get("toy_build", "")) and any(v["build"] for v in model_folders(sheet).values()):
+    if "--seed" in str(config.get("toy_build", "")) and any(
+        v["build"] for v in model_folders(sheet).values()
+    ):
         return ("config toy_build sets --seed, but this preset also has toy builds > 0 (the build axis builds "
                 "results/models/toy-b<b> with --seed b); drop --seed from toy_build, or restrict builds=[0].")  # fmt: skip
     return None

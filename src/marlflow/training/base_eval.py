@@ -4,9 +4,9 @@ SP, IP and every intervention of a cell evaluate the same untrained workflow at 
 with B = 0, so every policy's weights are the base model's bit for bit (W + s B A = W). The step-0 evaluation
 routes every role through one policy (`policies[0]`), so an IP run issues exactly the generate calls of the
 SP run of its cell (same batches, same K/V reuse, same seeded RNG stream) and gets the same episodes. What
-decides it is the run config without the fields that act on training only (`TRAINING_ONLY`), the model's
-and the task's local files (by content, or size and mtime above 64 MiB), marlflow's source and the numerical libraries' versions, and the sampler
-when MARLFLOW_FASTGEN=0 picks the reference one (marlflow.generation.fastgen); their hash (`key`) names the result:
+decides it is the run config without the fields that act on training only (flagged training_only in
+marlflow.core.config), the model's and the task's local files (by content, or size and mtime above 64 MiB), marlflow's source and the numerical libraries' versions, and the sampler
+when RunConfig.fastgen is false, the reference one (marlflow.generation.fastgen); their hash (`key`) names the result:
 
     RUNS/.base-evals/<key>.parquet          the evaluation's metric rows (marlflow.store.schema schema)
     RUNS/.base-evals/<key>-samples.parquet  its sample rows
@@ -14,8 +14,9 @@ when MARLFLOW_FASTGEN=0 picks the reference one (marlflow.generation.fastgen); t
 
 where RUNS is the folder holding the run folders (results/runs). No locks, so that it works on cluster
 filesystems: a run at step 0 reads the result if it is there; otherwise it claims the key (an exclusive
-create) and computes and writes it. If another run holds the claim, a run that can wait (no cliff_guard,
-which needs step 0's accuracy at once, and no tracker, which wants its steps in order) trains on and reads
+create) and computes and writes it. If another run holds the claim, a run that can wait (no intervention
+that reads evaluations as they come, Intervention.reads_evals: cliff_guard needs step 0's accuracy at once;
+and no tracker, which wants its steps in order) trains on and reads
 the result at its first evaluation or checkpoint; if it is still missing then (the other run died), it puts
 its initial adapters back for a moment and computes it itself. The trainer inserts the rows where a step-0
 evaluation of its own would have put them, so metrics.parquet is the same whichever run computed them, apart
@@ -39,21 +40,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from marlflow.generation import fastgen
+from marlflow.core.config import GRPOParams, RunConfig, fields_with
 from marlflow.store.atomic import atomic_write_parquet
 from marlflow.store.schema import FACTOR_COLUMNS
 
-# RunConfig fields (top level, and under grpo) that do not change the step-0 evaluation: they name the run,
-# or act on training only (the optimiser, the training sampler, schedules, the adapters' shape, whose B = 0
-# makes them the identity at step 0, interventions on the loss and gradients, checkpoints, trackers).
-TRAINING_ONLY = {
-    "": {"run_id", "sharing", "intervention", "intervention_spec", "micro_batch_size", "keep_checkpoints",
-         "report_to", "max_chunk_tokens", "gradient_checkpointing", "ranks"},
-    "grpo": {"steps", "problems_per_step", "group_size", "learning_rate", "warmup_steps", "lr_scheduler",
-             "weight_decay", "epsilon", "epsilon_high", "beta", "loss_type", "temperature", "max_grad_norm",
-             "eval_every", "save_every", "lora_r", "lora_alpha", "lora_targets", "max_nan_steps",
-             "grad_ema_window", "grad_metrics_every"},
-}  # fmt: skip
 LIBRARIES = ("torch", "transformers", "peft", "trl", "vllm", "math-verify")
 FOLDER = ".base-evals"
 log = logging.getLogger("marlflow.training.base_eval")
@@ -98,9 +88,8 @@ def _version(name: str) -> str:
 def inputs(cfg) -> dict:
     """Everything the step-0 evaluation of `cfg` depends on, as JSON-able data."""
     d = cfg.to_dict()
-    for section, names in TRAINING_ONLY.items():
-        target = d[section] if section else d
-        for name in names:
+    for target, cls in ((d, RunConfig), (d["grpo"], GRPOParams)):  # what does not change step 0's evaluation
+        for name in fields_with(cls, "training_only"):
             target.pop(name, None)
     task = dataclasses.asdict(cfg.task)
     out = {
@@ -110,7 +99,7 @@ def inputs(cfg) -> dict:
         "source": _source_digest(),
         "libraries": {n: _version(n) for n in LIBRARIES},
     }
-    if not fastgen.enabled():  # the reference sampler (MARLFLOW_FASTGEN=0) can draw other bf16 tokens
+    if not cfg.fastgen:  # the reference sampler can draw other bf16 tokens
         out["sampler"] = "reference"
     return out
 

@@ -1,9 +1,10 @@
-"""The multi-agent GRPO trainer: TRL's GRPOTrainer with workflow rollouts and per-role updates.
+"""The multi-agent GRPO trainer: workflow rollouts and per-role updates on TRL's GRPO loss.
 
-`MultiAgentGRPOTrainer` subclasses `trl.GRPOTrainer` (pinned to 1.16.0) and keeps TRL's loss
-(`_compute_loss`: clip-higher, loss types, fused log-prob head). What it replaces is the outer loop, so
-that one step reads top to bottom. The step is split in three modules; this one holds the loop, the TRL
-overrides (log-probs, one chunk's loss: `piece_loss`), step-0 sharing, cliff_guard and the state:
+`MultiAgentGRPOTrainer` is a plain class that holds a `TrlLoss` (marlflow.training.trl_loss: TRL's
+`_compute_loss`, clip-higher, loss types, fused log-prob head, behind `collate` / `loss` / `ref_logps`) and
+one `PolicyState` per policy (adapter parameters, AdamW, scheduler). It owns the outer loop, so that one step
+reads top to bottom. The step is split in three modules; this one holds the loop, one chunk's loss
+(`piece_loss`), step-0 sharing, the intervention's evaluation hook and the state:
 
     marlflow.training.rollout     problems  = the step's problems (a pure function of seed and step: no sampler state)
                          episodes  = workflows.rollout(problems x G)   # one generate per policy per stage
@@ -35,27 +36,21 @@ and ema_cos against a per-role gradient EMA that is checkpointed with the optimi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 import torch
-from datasets import Dataset
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import get_scheduler
-from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import pad
 
 from marlflow import interventions as itv
 from marlflow.generation.fastgen import use_gqa_sdpa
 from marlflow.generation.hf import ChatEncoder, make_backend
-from marlflow.generation.sampling import distinct_rows
 from marlflow.store.schema import SAMPLE_COLUMNS, rows
 from marlflow.tasks.splits import run_splits
 from marlflow.training import checkpoint, distributed, environment, evaluation, preempt
@@ -63,6 +58,7 @@ from marlflow.training import rollout as ro
 from marlflow.training import update as upd
 from marlflow.training.base_eval import SharedBaseEval
 from marlflow.training.trackers import Trackers
+from marlflow.training.trl_loss import TrlLoss, pad
 
 log = logging.getLogger("marlflow.training.trainer")
 
@@ -76,98 +72,59 @@ class NaNLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
 
-def _no_reward(prompts, completions, **kwargs):
-    # TRL requires at least one reward function; rewards come from the task verifier in `rollout`.
-    return [None] * len(prompts)
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+    """One policy's training state: its LoRA adapter's parameters and what steps them (checkpointed as the
+    state dicts of `optimizer` and `scheduler`, and the adapter's weights under `name`)."""
 
-
-def _grpo_args(cfg, out_dir: Path) -> GRPOConfig:
-    g = cfg.grpo
-    return GRPOConfig(
-        output_dir=str(out_dir / "trl"),
-        per_device_train_batch_size=g.group_size,
-        num_generations=g.group_size,
-        max_completion_length=g.max_completion_length,
-        learning_rate=g.learning_rate,
-        # The KL term is computed per role (grpo.beta, or an I1 per-role beta) with reference log-probs
-        # that `update` supplies from the base model (adapter disabled); TRL's own reference setup assumes an
-        # adapter named "default" (ours are named after roles), so TRL is built with beta 0 and `update`
-        # sets `self.beta` for each role's sub-batch.
-        beta=0.0,
-        # Kept at TRL 1.16's default, set here so a TRL upgrade cannot change it silently. With it, TRL multiplies
-        # the k3 KL term by the importance ratio exp(logp - logp_old); on-policy (our case: no old log-probs are
-        # passed, so logp_old = logp.detach()) its value is 1 but its gradient is not, and the KL gradient becomes
-        # E[grad logp * log(pi / ref)], the unbiased gradient of KL(pi || ref), the reverse KL that grpo.beta and
-        # kl_anchor (the paper's I1: beta_role * KL(pi_role || pi_ref)) put on the loss. Without it the k3
-        # gradient is E[grad logp * (1 - ref / pi)], the gradient of the forward KL(ref || pi) (what verl's
-        # low_var_kl loss, the paper's code, differentiates). Every KL run in docs/results.md ran with True.
-        # tests/test_interventions.py::test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient checks both.
-        use_bias_correction_kl=True,
-        loss_type=g.loss_type,
-        epsilon=g.epsilon,
-        epsilon_high=g.epsilon_high,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        max_grad_norm=g.max_grad_norm,
-        use_cpu=cfg.device == "cpu",
-        bf16=cfg.device == "cuda",
-        # RunConfig.gradient_checkpointing (auto: on at hub scales). TRL reads the flag only to call PEFT's
-        # enable_input_require_grads in its __init__ (transformers' Trainer.train(), which would enable the
-        # checkpointing itself, is never called: MultiAgentGRPOTrainer.__init__ enables it, non-reentrant,
-        # with these same kwargs, which TRL's disable_gradient_checkpointing also restores with).
-        gradient_checkpointing=cfg.use_gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if cfg.use_gradient_checkpointing else None,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        seed=cfg.seed,
-        use_vllm=False,
-        disable_tqdm=True,
+    name: str = dataclasses.field(metadata={"help": "the policy, = its PEFT adapter's name (cfg.policies)"})
+    params: list[torch.nn.Parameter] = dataclasses.field(
+        metadata={"help": "the adapter's trainable parameters, in the model's named_parameters order"}
+    )
+    optimizer: torch.optim.Optimizer = dataclasses.field(metadata={"help": "AdamW over `params`"})
+    scheduler: torch.optim.lr_scheduler.LRScheduler = dataclasses.field(
+        metadata={"help": "grpo.lr_scheduler over `optimizer` (transformers.get_scheduler)"}
     )
 
 
-# The variables from which accelerate (and transformers' TrainingArguments) infer a multi-process run.
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
-               "MV2_COMM_WORLD_SIZE")  # fmt: skip
+def _policy_state(model, name: str, g) -> PolicyState:
+    """`name`'s adapter parameters in `model`, with a fresh AdamW and scheduler from GRPOParams `g`."""
+    params = [t for n, t in model.named_parameters() if f".{name}." in n]
+    if not params:
+        raise ValueError(f"adapter {name!r} has no parameters; was the PEFT model built with it?")
+    opt = torch.optim.AdamW(params, lr=g.learning_rate, weight_decay=g.weight_decay)
+    return PolicyState(name, params, opt, get_scheduler(g.lr_scheduler, opt, g.warmup_steps, g.steps))
 
 
-@contextlib.contextmanager
-def _accelerate_single_process():
-    """Hide torchrun's rank variables while TRL builds its Accelerator, so that each rank's accelerator is a
-    single process. marlflow.training.distributed does every collective of a data-parallel step itself; under torchrun
-    (not under srun, whose variables accelerate does not read) accelerate would otherwise reduce TRL's per-chunk
-    entropy and clip metrics over the ranks inside `_compute_loss`: a collective per chunk, which hangs when the
-    ranks run different numbers of chunks and would count every rank's calls twice (update.reduce_policy_grad
-    sums them). accelerate keeps the state it builds here (a per-process singleton)."""
-    hidden = {k: os.environ.pop(k) for k in LAUNCH_VARS if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(hidden)
+def _logp_gap(pcalls, logps: torch.Tensor) -> tuple[float, int]:
+    """Sum of |logp_rollout - logp_trainer| over the sampled tokens of `pcalls`, and the token count.
+
+    logps (B, T): the trainer's per-token log-probabilities of the chunk (ChunkLoss.logps); call i's rollout
+    log-probabilities cover its first len(completion_ids) positions."""
+    ref = [c.rollout_logps if c.rollout_logps is not None and c.completion_ids else [] for c in pcalls]
+    n = sum(len(r) for r in ref)
+    if not n:
+        return 0.0, 0
+    # One padded tensor and one device sync per piece, not one per call.
+    rollout = pad([torch.tensor(r, dtype=torch.float32) for r in ref], 0.0, padding_side="right")
+    mask = pad([torch.ones(len(r)) for r in ref], 0.0, padding_side="right")
+    ours = logps[:, : rollout.size(1)].float()
+    gap = ((ours - rollout.to(ours.device)).abs() * mask.to(ours.device)).sum().item()
+    return gap, n
 
 
-class MultiAgentGRPOTrainer(GRPOTrainer):
+class MultiAgentGRPOTrainer:
     """GRPO over workflow episodes with one LoRA adapter per policy on one frozen base model.
 
-    model: a `peft.PeftModel` holding one adapter per name in `cfg.policies`.
+    model: a `peft.PeftModel` holding one adapter per name in `cfg.policies`; tokenizer: its tokenizer.
     task: a `marlflow.tasks.Task`; out_dir: the run folder (checkpoints/, metrics.parquet, ...).
     """
 
     def __init__(self, cfg, model, tokenizer, task, out_dir: str | Path):
         self.cfg, self.task, self.out_dir = cfg, task, Path(out_dir)
-        placeholder = Dataset.from_dict({"prompt": ["unused"] * cfg.grpo.group_size})
-        with _accelerate_single_process():
-            super().__init__(
-                model=model,
-                reward_funcs=[_no_reward],
-                args=_grpo_args(cfg, self.out_dir),
-                train_dataset=placeholder,
-                processing_class=tokenizer,
-            )
-        # TRL's Trainer creates args.output_dir although nothing is saved there: leave no empty trl/ in the run.
-        with contextlib.suppress(OSError):
-            Path(self.args.output_dir).rmdir()
-        self.current_gradient_accumulation_steps = 1
+        # First: TRL's constructor seeds every RNG with cfg.seed, which everything below starts from.
+        self.trl = TrlLoss(cfg, model, tokenizer, self.out_dir)
+        self.model, self.tokenizer = model, tokenizer
         # val_problems: task.val_size problems disjoint from both, for what selects (cliff_guard): splits.py
         self.train_problems, self.val_problems, self.eval_problems = run_splits(task, cfg.task)
         for name, probs in (("train", self.train_problems), ("test", self.eval_problems)):
@@ -176,7 +133,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     f"task {cfg.task.name!r} has an empty {name} split; check task.source in matrix.yaml"
                 )
         self.encoder = ChatEncoder(tokenizer, cfg.grpo.max_prompt_length)
-        use_gqa_sdpa(self.model)  # CPU: grouped K/V heads read in place, not copied per layer (same forward)
+        use_gqa_sdpa(self.model, cfg.fastgen)  # CPU: grouped K/V heads read in place, not copied per layer
         self.backend = make_backend(cfg.backend, self.model, tokenizer, cfg.policies, cfg)
         if cfg.use_gradient_checkpointing:
             # Non-reentrant: the recompute is driven by autograd's saved-tensor hooks, so LoRA gradients flow
@@ -184,31 +141,33 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             # It acts in training mode only: generation (model.eval(), HFBackend) keeps its K/V cache. Enabled
             # after the backend is built, so the hf backend's bf16 sampling copy has no checkpointing in it.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.share_prefix = True  # run each distinct prompt of a piece once (see _shared_prefix_logps)
         if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox before the step-0 eval
             task.warm_up()
-        self.params = {
-            p: [t for n, t in self.model.named_parameters() if f".{p}." in n] for p in cfg.policies
-        }
-        g = cfg.grpo
-        self.optimizers, self.schedulers = {}, {}
-        for p, params in self.params.items():
-            if not params:
-                raise ValueError(f"adapter {p!r} has no parameters; was the PEFT model built with it?")
-            opt = torch.optim.AdamW(params, lr=g.learning_rate, weight_decay=g.weight_decay)
-            self.optimizers[p] = opt
-            self.schedulers[p] = get_scheduler(g.lr_scheduler, opt, g.warmup_steps, g.steps)
+        self.policies = {p: _policy_state(self.model, p, cfg.grpo) for p in cfg.policies}
         self.step = 0
         self.nan_streak = 0
         self.metric_rows: list[dict] = []
         self.sample_rows: list[dict] = []
-        self._last_logps: torch.Tensor | None = None
         self._gap_warned = False
         # role -> EMA of its own-loss gradient (flat, fp32, on the adapter's device); checkpointed, so a
         # resumed run logs the same ema_cos as an uninterrupted one.
         self.grad_ema: dict[str, torch.Tensor] = {}
-        self.itv = itv.State()  # the intervention's state (I6's EMA); checkpointed
+        self.itv = itv.build(cfg)  # the run's intervention: its hooks and its (checkpointed) state
         self._pending_base = None  # a deferred step-0 evaluation: (SharedBaseEval, initial adapters)
+        self.trackers: Trackers | None = None  # fit()'s, open while it runs
+        # the progress line's: the newest evaluation's accuracy; the newest step's reward, live share, seconds
+        self.last_acc: float | None = None
+        self.last_step: dict | None = None
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """policy -> its AdamW (`self.policies`)."""
+        return {p: s.optimizer for p, s in self.policies.items()}
+
+    @property
+    def schedulers(self) -> dict:
+        """policy -> its learning-rate scheduler (`self.policies`)."""
+        return {p: s.scheduler for p, s in self.policies.items()}
 
     # ------------------------------------------------------------------ data
 
@@ -221,98 +180,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.cfg, self.task, self.backend, self.encoder, temperature, timer, seed, policy_of
         )
 
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        **kwargs,
-    ):
-        # TRL's loss computes the trainer's log-probabilities here; keep the last ones (no extra forward) so
-        # `update` can compare them with the rollout engine's.
-        shared = None
-        plain = all(v is None or v is False for v in kwargs.values())  # no images, no MoE aux loss
-        # _shared_prefix_logps returns None (TRL's forward runs) where layers are checkpointed, see there.
-        if self.share_prefix and plain and (batch_size is None or batch_size >= input_ids.size(0)):
-            shared = self._shared_prefix_logps(
-                model, input_ids, attention_mask, logits_to_keep, compute_entropy
-            )
-        if shared is None:
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-            )
-        else:
-            (logps, entropies), aux = shared, None
-        self._last_logps = logps.detach()
-        return logps, entropies, aux
-
-    def _shared_prefix_logps(
-        self, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool
-    ):
-        """TRL's per-token log-probs (and entropies) of the completions, with each distinct prompt run once.
-
-        input_ids / attention_mask (B, P + C): left-padded prompts, right-padded completions; C = logits_to_keep.
-        A piece's rows are G rollouts of a few prompts (calls are chunked per slot), so TRL's forward recomputes
-        every prompt G times. Here the distinct prompts (all but their last token) go through the model once
-        into a KV cache, the cache is expanded to the rows with `index_select` (gradients flow back through it),
-        and each row runs only its last prompt token and completion, through the same fused log-prob head and
-        the same positions (0..T-1) as TRL's forward. Returns ((B, C) log-probs, (B, C) entropies or None), or
-        None when no prompt repeats or when the model's layers are checkpointed (below). Equal to TRL's up to
-        float rounding, gradients included (tests/test_trainer.py::test_shared_prefix_logps_equal_trls,
-        ::test_gradient_checkpointing_gives_the_same_logps_and_gradients); benchmarks/bench_prefix_share.py."""
-        from transformers import DynamicCache
-
-        # Switched off under gradient checkpointing (training mode), not adapted to it. transformers sets
-        # past_key_values=None inside a checkpointed layer (a one-time warning), because a recompute would write
-        # the cache twice: this path's rows would attend to no prompt at all, silently (up to 3.9 nats off
-        # on the toy model). Running the prefix forward uncheckpointed is correct but keeps every activation of
-        # the prompt (~92 KiB per token per layer at Qwen3-0.6B widths, measured on the CPU for issue 23), the
-        # memory checkpointing exists to save; a read-only cache that checkpointed layers may keep would be
-        # correct, but the cache expanded to the B rows, B x P x layers x 2 x 1,024 K/V values (4 KiB per token
-        # per layer in bf16 at Qwen3 0.6B-4B), is as large as or larger than what checkpointing keeps of those
-        # prompts in TRL's forward (their layer inputs: hidden size x 2 bytes, 2 / 4 / 5 KiB). So where layers
-        # are checkpointed the plain forward is both correct and the smaller; the sharing saves compute only.
-        if model.training and getattr(model, "is_gradient_checkpointing", False):
-            return None
-        n_prefix = input_ids.size(1) - logits_to_keep - 1  # prompt positions in the cache
-        if n_prefix < 1:
-            return None
-        prefix = torch.cat([input_ids[:, :n_prefix], attention_mask[:, :n_prefix]], dim=1)
-        first, inv = distinct_rows(map(tuple, prefix.tolist()))
-        if len(first) == len(inv):
-            return None
-        uniq = torch.tensor(first, device=input_ids.device)
-        cache = DynamicCache(config=model.config)
-        with self.accelerator.autocast():
-            model(input_ids=input_ids[uniq, :n_prefix], attention_mask=attention_mask[uniq, :n_prefix],
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
-            cache.reorder_cache(torch.tensor(inv, device=input_ids.device))
-            rows = input_ids[:, n_prefix:]
-            labels = rows.masked_fill(attention_mask[:, n_prefix:] == 0, -100)
-            out = model(input_ids=rows, attention_mask=attention_mask, past_key_values=cache, labels=labels,
-                        fused_lm_head=True)  # fmt: skip
-        logps = out.log_probs[:, -logits_to_keep:]
-        return logps, (out.entropy[:, -logits_to_keep:] if compute_entropy else None)
-
-    def _logp_gap(self, pcalls) -> tuple[float, int]:
-        """Sum of |logp_rollout - logp_trainer| over the sampled tokens of `pcalls`, and the token count.
-
-        `self._last_logps` (B, T) is the trainer's per-token log-probabilities of the piece just computed;
-        call i's rollout log-probabilities cover its first len(completion_ids) positions."""
-        ref = [c.rollout_logps if c.rollout_logps is not None and c.completion_ids else [] for c in pcalls]
-        n = sum(len(r) for r in ref)
-        if not n:
-            return 0.0, 0
-        # One padded tensor and one device sync per piece, not one per call.
-        rollout = pad([torch.tensor(r, dtype=torch.float32) for r in ref], 0.0, padding_side="right")
-        mask = pad([torch.ones(len(r)) for r in ref], 0.0, padding_side="right")
-        ours = self._last_logps[:, : rollout.size(1)].float()
-        gap = ((ours - rollout.to(ours.device)).abs() * mask.to(ours.device)).sum().item()
-        return gap, n
-
     # ------------------------------------------------------------------ one training step
 
     def flatten(self, episodes):
@@ -321,54 +188,26 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return b.calls, b.rewards, b.advantages, b.index, b.std
 
     def collate(self, calls, advantages: torch.Tensor, num_items: int) -> dict:
-        """Role calls -> the input dict TRL's `_compute_loss` expects (prompts left-, completions right-padded)."""
-        device = self.accelerator.device
-        prompts = [torch.tensor(c.prompt_ids) for c in calls]
-        comps = [torch.tensor(c.completion_ids or [self.processing_class.eos_token_id]) for c in calls]
-        return {
-            "prompt_ids": pad(prompts, self.processing_class.pad_token_id, padding_side="left").to(device),
-            "prompt_mask": pad([torch.ones_like(p) for p in prompts], 0, padding_side="left").to(device),
-            "completion_ids": pad(comps, self.processing_class.pad_token_id, padding_side="right").to(device),
-            "completion_mask": pad(
-                [
-                    torch.ones_like(c) if k.completion_ids else torch.zeros_like(c)
-                    for c, k in zip(comps, calls)
-                ],
-                0,
-                padding_side="right",
-            ).to(device),
-            "advantages": advantages.to(device),
-            "num_items_in_batch": torch.tensor(float(num_items), device=device),
-        }
-
-    @torch.no_grad()
-    def _ref_logps(self, inputs: dict) -> torch.Tensor:
-        """(B, T) log-probabilities of the completion tokens under the base model: every adapter disabled."""
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        with self.model.disable_adapter():
-            logps, _, _ = super()._get_per_token_logps_and_entropies(
-                self.model, ids, mask, inputs["completion_ids"].size(1)
-            )
-        return logps.detach()
+        """Role calls -> the input dict TRL's `_compute_loss` expects (TrlLoss.collate: prompts left-,
+        completions right-padded). advantages: (B,) one per call; num_items: the loss normaliser's tokens."""
+        return self.trl.collate(
+            [c.prompt_ids for c in calls], [c.completion_ids for c in calls], advantages, num_items
+        )
 
     def piece_loss(self, pcalls, adv: torch.Tensor, tok_pol: int, weight: float, beta: float) -> upd.Piece:
-        """One chunk's GRPO loss (TRL's `_compute_loss`) times `weight`, with the chunk's entropy, clip ratio,
-        KL (beta > 0: a KL term to the base model, whose log-probs `_ref_logps` supplies) and rollout-trainer
-        log-prob gap; marlflow.training.update runs it for every chunk. adv: (n,) the chunk's advantages."""
+        """One chunk's GRPO loss (TrlLoss.loss: TRL's `_compute_loss`) times `weight`, with the chunk's entropy,
+        clip ratio, KL (beta > 0: a KL term to the base model, whose log-probs TrlLoss.ref_logps supplies) and
+        rollout-trainer log-prob gap; marlflow.training.update runs it for every chunk. adv: (n,) the chunk's
+        advantages."""
         inputs = self.collate(pcalls, adv, tok_pol)
         if beta:
-            inputs["ref_per_token_logps"] = self._ref_logps(inputs)
-        self.beta = beta  # read by TRL's _compute_loss
-        try:
-            loss = self._compute_loss(self.model, inputs) * weight
-        finally:
-            self.beta = 0.0
-        m, n = self._metrics["train"], len(pcalls)
-        kl = m["kl"].pop() * n if beta else None
-        gap, gap_n = self._logp_gap(pcalls)
-        clip = m.get("clip_ratio/region_mean", [0.0])[-1] * n
-        return upd.Piece(loss, m["entropy"].pop() * n, clip, kl, gap, gap_n)
+            inputs["ref_per_token_logps"] = self.trl.ref_logps(self.model, inputs)
+        out = self.trl.loss(self.model, inputs, beta)
+        m, n = out.metrics, len(pcalls)
+        kl = m["kl"] * n if beta else None
+        gap, gap_n = _logp_gap(pcalls, out.logps)
+        clip = m.get("clip_ratio/region_mean", 0.0) * n
+        return upd.Piece(out.loss * weight, m["entropy"] * n, clip, kl, gap, gap_n)
 
     def update(self, calls, adv: torch.Tensor, metrics: bool = True) -> dict:
         """Per-policy backward with per-role and per-slot gradient accounting, per-policy clipping; optimizer
@@ -391,10 +230,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         for policy in self.cfg.policies:
             if not finite:  # the step is discarded: no later policy's backward is run
                 break
-            pg = upd.policy_backward(self, self.cfg, policy, self.params[policy], calls, adv, metrics,
-                                     counts.get(policy))  # fmt: skip
+            params = self.policies[policy].params
+            pg = upd.policy_backward(self, self.cfg, policy, params, calls, adv, metrics, counts.get(policy))
             if distributed.world() > 1:
-                pg = upd.reduce_policy_grad(pg, policy, self.params[policy])
+                pg = upd.reduce_policy_grad(pg, policy, params)
             if pg is None:
                 continue
             norms[policy] = upd.finish_policy(pg, self.cfg, self.itv, stats, metrics)
@@ -403,11 +242,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for role in pg.roles:
                 if "logp_gap" in stats[role]:
                     self._warn_gap(role, stats[role]["logp_gap"])
-        self._metrics["train"].clear()  # TRL's own per-call lists; we record per role instead
         stats["all"]["nan_skipped"] = float(not finite)
         if not finite:
-            for opt in self.optimizers.values():
-                opt.zero_grad(set_to_none=True)
+            for st in self.policies.values():
+                st.optimizer.zero_grad(set_to_none=True)
             return stats
         upd.apply_step(self, done, norms, stats, metrics)
         self.backend.on_update()
@@ -485,73 +323,57 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_workflow(self, step: int, base: bool = False) -> float:
+    def evaluate_workflow(self, step: int, base: bool = False) -> evaluation.Evaluation:
         """Workflow accuracy on the fixed held-out subset, one episode per problem (marlflow.training.evaluation, whose
         docstring says how its sampling leaves training's RNG untouched; base: the untrained adapters, every
-        role routed to the first policy). Its rows go into the run's tables.
+        role routed to the first policy). Returns its rows (the caller places them in the run's tables) and the
+        test accuracy.
 
-        With validation problems (task.val_size), they are evaluated next the same way (with their own seed)
-        and logged under split "val"; returns the test accuracy."""
+        With validation problems (task.val_size), they are evaluated next the same way (with their own seed):
+        their metric rows (split "val") follow the test rows; their episodes give no sample rows."""
         args = self.cfg, self.task, self.backend, self.encoder
         ev = evaluation.evaluate(*args, self.eval_problems, step, base)
-        self.metric_rows += ev.metric_rows
-        self.sample_rows += ev.sample_rows
         log.info("step %d eval accuracy %.3f (n=%d)", step, ev.accuracy, len(self.eval_problems))
-        if self.val_problems:
-            val = evaluation.validate(*args, self.val_problems, step, base)
-            self.metric_rows += val.metric_rows
-            log.info("step %d validation accuracy %.3f (n=%d)", step, val.accuracy, len(self.val_problems))
-        return ev.accuracy
+        if not self.val_problems:
+            return ev
+        val = evaluation.validate(*args, self.val_problems, step, base)
+        log.info("step %d validation accuracy %.3f (n=%d)", step, val.accuracy, len(self.val_problems))
+        return dataclasses.replace(ev, metric_rows=ev.metric_rows + val.metric_rows)
 
-    def _guard_input(self) -> tuple[float, int]:
-        """cliff_guard's evaluation of `self.step`: (accuracy, n) of its validation rows (split "val"); the
-        test rows are never read, so a restore never selects on the problems accuracy is reported on."""
-        got = {r["metric"]: r["value"] for r in self.metric_rows if r["split"] == "val" and r["role"] == "all"
-               and r["step"] == self.step and r["metric"] in ("accuracy", "n_eval")}  # fmt: skip
-        return got["accuracy"], int(got["n_eval"])
+    def _place(self, ev: evaluation.Evaluation, first: bool = False) -> None:
+        """Put an evaluation's rows into the run's tables: after the rows so far, or (first) before them."""
+        if first:
+            self.metric_rows[:0], self.sample_rows[:0] = ev.metric_rows, ev.sample_rows
+        else:
+            self.metric_rows += ev.metric_rows
+            self.sample_rows += ev.sample_rows
 
-    def _cliff_guard(self) -> None:
-        """cliff_guard (marlflow.interventions), after the evaluation of `self.step`, on its validation
-        accuracy (`_guard_input`).
+    def _after_eval(self) -> None:
+        """The intervention's hook after the evaluation of `self.step` (marlflow.interventions; cliff_guard keeps
+        a copy of the weights at a new best and puts it back on a cliff): it gets the step, the metric rows and
+        `_weights_copy` / `_restore_weights`; what it returns is logged at this step (split train, role all)."""
+        ev = itv.Evaluated(self.step, self.metric_rows, self._weights_copy, self._restore_weights)
+        self.metric_rows += rows(self.cfg.factors, self.step, "train", "all", self.itv.after_eval(ev))
 
-        A new best eval: keep CPU copies of every adapter and its AdamW state (in `self.itv`, checkpointed).
-        A cliff (interventions.guard_check): log guard_drop, guard_drop_se and guard_z (train split, role
-        all); if restores are left, also put the copy back (adapters and AdamW moments; the schedulers keep
-        their step), scale every policy's learning rate and schedule by lr_factor, publish the adapters to
-        the rollout engine, and log guard_restore (the step restored to), guard_restores, guard_lr_scale."""
-        spec, st = self.cfg.intervention_spec, self.itv
-        if spec["kind"] != "cliff_guard":
-            return
-        acc, n = self._guard_input()
-        if itv.guard_observe(st, self.step, acc, n):
-            st.best = {
-                "step": self.step, "acc": acc, "n": n,
-                "adapters": self._adapter_copies(),
-                "optimizers": {p: itv.cpu_copy(o.state_dict()) for p, o in self.optimizers.items()},
-            }  # fmt: skip
-            return
-        g = self.cfg.grpo
-        check = itv.guard_check(st.evals, st.restores, spec, itv.eval_looks(g.steps, g.eval_every))
-        if not check["cliff"]:
-            return
-        values = {"guard_drop": check["drop"], "guard_drop_se": check["drop_se"], "guard_z": check["drop_z"]}
-        if check["fire"]:
-            best, f = st.best, spec["lr_factor"]
-            for p, sd in best["adapters"].items():
-                set_peft_model_state_dict(self.model, sd, adapter_name=p)
-            for p, opt in self.optimizers.items():
-                lrs = [(gr["lr"] * f, gr.get("initial_lr", gr["lr"]) * f) for gr in opt.param_groups]
-                opt.load_state_dict(itv.cpu_copy(best["optimizers"][p]))  # a copy: AdamW updates it in place
-                upd.scale_schedule(opt, self.schedulers[p], lrs, f)
-            st.restores, st.lr_scale = st.restores + 1, st.lr_scale * f
-            st.evals = [(best["step"], best["acc"], best["n"])]
-            self.backend.on_update()  # the rollout engine must sample from the restored adapters
-            values.update(guard_restore=best["step"], guard_restores=st.restores, guard_lr_scale=st.lr_scale)
-            log.warning("step %d: cliff_guard: validation accuracy %.3f, a cliff (drop %.3f, SE %.3f); restored "
-                        "the best eval's weights (step %d, %.3f), learning rate x%g (restore %d of %d)",
-                        self.step, acc, check["drop"], check["drop_se"], best["step"], best["acc"],
-                        st.lr_scale, st.restores, spec["max_restores"])  # fmt: skip
-        self.metric_rows += rows(self.cfg.factors, self.step, "train", "all", values)
+    def _weights_copy(self) -> dict:
+        """CPU copies of every adapter and its AdamW state: {"adapters": ..., "optimizers": ...}."""
+        return {
+            "adapters": self._adapter_copies(),
+            "optimizers": {p: itv.cpu_copy(s.optimizer.state_dict()) for p, s in self.policies.items()},
+        }
+
+    def _restore_weights(self, copy: dict, lr_factor: float) -> None:
+        """Put back a `_weights_copy` (adapters and AdamW moments; the schedulers keep their step), scale every
+        policy's learning rate and schedule by lr_factor, and publish the adapters to the rollout engine."""
+        for p, sd in copy["adapters"].items():
+            set_peft_model_state_dict(self.model, sd, adapter_name=p)
+        f = lr_factor
+        for p, s in self.policies.items():
+            lrs = [(gr["lr"] * f, gr.get("initial_lr", gr["lr"]) * f) for gr in s.optimizer.param_groups]
+            # a copy: AdamW changes the state it loads in place
+            s.optimizer.load_state_dict(itv.cpu_copy(copy["optimizers"][p]))
+            upd.scale_schedule(s.optimizer, s.scheduler, lrs, f)
+        self.backend.on_update()  # the rollout engine must sample from the restored adapters
 
     # ------------------------------------------------------------------ step 0, shared by the cell's runs
 
@@ -561,29 +383,36 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             p: itv.cpu_copy(get_peft_model_state_dict(self.model, adapter_name=p)) for p in self.cfg.policies
         }
 
-    def _base_eval(self) -> float | None:
+    def _base_eval(self) -> evaluation.Evaluation | None:
         """Step 0's evaluation (marlflow.training.base_eval): read from the cell's cache, computed here, or, while another
-        run computes it, deferred (None; `_resolve_base_eval` fills it in)."""
+        run computes it, deferred (None; `_settle_base_eval` places it later). Its rows go first in the tables."""
         t0 = time.perf_counter()
         shared = SharedBaseEval(self.cfg, self.out_dir.parent)
         got = distributed.from_main(shared.read)  # rank 0 reads and claims the cache for every rank
         if got is not None:
-            return self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
-        can_wait = self.cfg.intervention_spec["kind"] != "cliff_guard" and not self.cfg.report_to
+            return self._step0_evaluation(*got, reused=True, seconds=time.perf_counter() - t0)
+        can_wait = not self.itv.reads_evals and not self.cfg.report_to
         if distributed.from_main(shared.claim) or not can_wait:
-            return self._put_base_eval(*self._compute_base_eval(shared), reused=False)
+            return self._step0_evaluation(*self._compute_base_eval(shared), reused=False)
         log.info("step 0 eval: another run of this cell is computing it; reading it at the first evaluation")
         self._pending_base = (shared, self._adapter_copies())
         return None
 
-    def _resolve_base_eval(self) -> None:
-        """Fill in a deferred step-0 evaluation: read it, or compute it with the initial adapters put back."""
+    def _settle_base_eval(self) -> bool:
+        """Place a deferred step-0 evaluation first in the tables, if there is one (before anything is saved: a
+        checkpoint holds step 0's rows); True if there was."""
+        if self._pending_base is None:
+            return False
+        self._place(self._resolve_base_eval(), first=True)
+        return True
+
+    def _resolve_base_eval(self) -> evaluation.Evaluation:
+        """A deferred step-0 evaluation: read, or computed with the initial adapters put back."""
         (shared, initial), self._pending_base = self._pending_base, None
         t0 = time.perf_counter()
         got = distributed.from_main(shared.read)
         if got is not None:
-            self._put_base_eval(*got, reused=True, seconds=time.perf_counter() - t0)
-            return
+            return self._step0_evaluation(*got, reused=True, seconds=time.perf_counter() - t0)
         log.info("step 0 eval: not computed by another run; evaluating the initial adapters here")
         current = self._adapter_copies()
         try:
@@ -595,35 +424,32 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for p, sd in current.items():
                 set_peft_model_state_dict(self.model, sd, adapter_name=p)
             self.backend.on_update()
-        self._put_base_eval(*got, reused=False)
+        return self._step0_evaluation(*got, reused=False)
 
     def _compute_base_eval(self, shared: SharedBaseEval) -> tuple[list[dict], list[dict]]:
         """Evaluate step 0 and write it for the cell (rank 0: the others evaluate their share of the problems);
-        returns its (metric rows, sample rows), which are kept out of this run's tables (`_put_base_eval`
-        places them)."""
-        kept = self.metric_rows, self.sample_rows
-        self.metric_rows, self.sample_rows = [], []
+        returns its (metric rows, sample rows), as `SharedBaseEval.read` does."""
         try:
-            self.evaluate_workflow(0, base=True)
+            ev = self.evaluate_workflow(0, base=True)
             if distributed.is_main():
-                shared.write(self.metric_rows, self.sample_rows, SAMPLE_COLUMNS)
-            return self.metric_rows, self.sample_rows
+                shared.write(ev.metric_rows, ev.sample_rows, SAMPLE_COLUMNS)
+            return ev.metric_rows, ev.sample_rows
         finally:
             shared.release()
-            self.metric_rows, self.sample_rows = kept
 
-    def _put_base_eval(self, metric_rows, sample_rows, reused: bool, seconds: float | None = None) -> float:
-        """Step 0's rows first in the tables, where an evaluation at step 0 puts them; returns its accuracy."""
-        if seconds is not None:  # this run's own time for step 0's evaluation: the read
+    def _step0_evaluation(
+        self, metric_rows, sample_rows, reused: bool, seconds: float | None = None
+    ) -> evaluation.Evaluation:
+        """Step 0's rows as this run logs them, flagged eval_reused, and its accuracy. seconds: this run's own
+        time for step 0's evaluation (the read), replacing the time_eval of the run that computed it."""
+        if seconds is not None:
             metric_rows = [{**r, "value": seconds} if r["metric"] == "time_eval" else r for r in metric_rows]
         flag = rows(self.cfg.factors, 0, "eval", "all", {"eval_reused": float(reused)})
-        self.metric_rows[:0] = [*metric_rows, *flag]
-        self.sample_rows[:0] = sample_rows
         acc = next(r["value"] for r in metric_rows
                    if r["split"] == "eval" and r["metric"] == "accuracy" and r["role"] == "all")  # fmt: skip
         log.info("step 0 eval accuracy %.3f (n=%d, %s)", acc, len(self.eval_problems),
                  "read from the cell's shared step-0 evaluation" if reused else "computed here")  # fmt: skip
-        return acc
+        return evaluation.Evaluation([*metric_rows, *flag], sample_rows, acc)
 
     # ------------------------------------------------------------------ checkpoints and resume
 
@@ -635,8 +461,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             "step": self.step,
             "nan_streak": self.nan_streak,
             "adapters": {p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies},
-            "optimizers": {p: o.state_dict() for p, o in self.optimizers.items()},
-            "schedulers": {p: s.state_dict() for p, s in self.schedulers.items()},
+            "optimizers": {p: st.optimizer.state_dict() for p, st in self.policies.items()},
+            "schedulers": {p: st.scheduler.state_dict() for p, st in self.policies.items()},
             "grad_ema": self.grad_ema,
             "interventions": self.itv.state_dict(),
             "rng": checkpoint.rng_state(),
@@ -651,9 +477,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         for p, sd in state["adapters"].items():
             set_peft_model_state_dict(self.model, sd, adapter_name=p)
         for p, sd in state["optimizers"].items():
-            self.optimizers[p].load_state_dict(sd)
+            self.policies[p].optimizer.load_state_dict(sd)
         for p, sd in state["schedulers"].items():
-            self.schedulers[p].load_state_dict(sd)
+            self.policies[p].scheduler.load_state_dict(sd)
         checkpoint.set_rng_state(state["rng"])
         self.step, self.nan_streak = state["step"], state["nan_streak"]
         self.grad_ema = state.get("grad_ema", {})
@@ -697,9 +523,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     and r["metric"] == "accuracy"]  # fmt: skip
             self.last_acc = accs[-1] if accs else None
         else:
-            self.last_acc = self._base_eval()
-            if self.last_acc is not None:
-                self._cliff_guard()
+            base = self._base_eval()
+            if base is not None:  # else deferred: placed at the first evaluation or checkpoint
+                self._place(base, first=True)
+                self.last_acc = base.accuracy
+                self._after_eval()
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
         while self.step < g.steps and not distributed.stop_agreed():  # every rank asks at each step boundary
@@ -709,11 +537,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 break
             evaluate = self.step % g.eval_every == 0 or self.step == g.steps
             save = (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
-            if self._pending_base is not None and (evaluate or save):
-                self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
+            if evaluate or save:
+                self._settle_base_eval()
             if evaluate:
-                self.last_acc = self.evaluate_workflow(self.step)
-                self._cliff_guard()
+                ev = self.evaluate_workflow(self.step)
+                self._place(ev)
+                self.last_acc = ev.accuracy
+                self._after_eval()
             self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
             if save:
                 self.save_checkpoint()
@@ -722,8 +552,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.step < g.steps
         ):  # a SIGTERM / SIGUSR1 (marlflow.training.preempt): checkpoint, exit 75 for a rerun
             self._stop_for_rerun()
-        if self._pending_base is not None:  # steps: 0
-            self._resolve_base_eval()
+        self._settle_base_eval()
         return pd.DataFrame(self.metric_rows)
 
     def _stop_for_rerun(self) -> None:
@@ -736,8 +565,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         elif f"step-{self.step}" in done:
             what = f"checkpoint step-{self.step} already written"
         else:
-            if self._pending_base is not None:
-                self._resolve_base_eval()  # before anything is saved: a checkpoint holds step 0's rows
+            if self._settle_base_eval():
                 self.trackers.log(self.metric_rows)
             self.save_checkpoint()  # rank 0's write; the others go on to the barrier below
             what = f"checkpointed step-{self.step}" + ("" if distributed.is_main() else " (by rank 0)")

@@ -21,7 +21,6 @@ from collections import defaultdict
 
 import torch
 
-from marlflow import interventions as itv
 from marlflow.core import algos
 
 
@@ -289,7 +288,8 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
     chunk; returns its PolicyGrad, or None when no call is routed to it. adv: (N,) per call.
 
     engine: the trainer; `engine.piece_loss(calls, adv, tok_pol, weight, beta) -> Piece` computes a chunk's
-    weighted loss (TRL's `_compute_loss`). Stops at the first non-finite loss (PolicyGrad.finite False).
+    weighted loss (TRL's `_compute_loss`), and `engine.itv.role_beta` (the run's intervention) gives each
+    role's KL coefficient beta. Stops at the first non-finite loss (PolicyGrad.finite False).
     metrics: also measure each slot's gradient (one flat gradient per slot instead of per role).
     counts: the policy's entry of the step's global `policy_counts` (data parallel: summed over the ranks), which
     the loss normalisers and each role's f use; None: counted from `calls`."""
@@ -321,7 +321,7 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
 def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok_pol, metrics, role_counts):
     """One role's chunks: (RoleGrad, the policy's flat gradient so far, whether every loss was finite)."""
     g = cfg.grpo
-    beta = itv.role_beta(cfg.intervention_spec, role, g.beta)
+    beta = engine.itv.role_beta(role, g.beta)
     # A call with zero advantage adds exactly nothing to the GRPO loss (no KL term is used with beta=0, the
     # default everywhere here), so it is not run; the weights below are computed on the calls that are, which
     # keeps every loss type's normalisation exact. A slot (or a whole role) whose calls all have zero advantage
@@ -363,23 +363,21 @@ def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok
 # ------------------------------------------------------------------ after the (reduced) gradient is known
 
 
-def finish_policy(pg: PolicyGrad, cfg, state, stats: dict, metrics: bool) -> float:
+def finish_policy(pg: PolicyGrad, cfg, itv, stats: dict, metrics: bool) -> float:
     """Role metrics into `stats` (role -> dict), then the intervention hook, then the policy's norm; returns it.
 
-    The hook (marlflow.interventions.role_scales; the KL intervention acts on the loss instead) runs after
-    every role's backward and before clipping, on a finite gradient: the per-role factors replace the
-    policy's .grad by `combine(g_r, scales)` where any factor is not 1; `state` is read only (apply_step
-    commits it). The metrics describe the raw role gradients; itv_scale says what the intervention did."""
+    itv: the run's intervention (marlflow.interventions.Intervention). Its hook `role_scales` (the KL
+    intervention acts on the loss instead) runs after every role's backward and before clipping, on a finite
+    gradient: the per-role factors replace the policy's .grad by `combine(g_r, scales)` where any factor is
+    not 1 (None, kind none: nothing is scaled or logged); its state is read only (apply_step commits it). The
+    metrics describe the raw role gradients; itv_scale says what the intervention did."""
     for role, rg in pg.roles.items():
         stats[role].update(role_stats(rg))
     grads = {r: rg.g for r, rg in pg.roles.items()}
     flat = pg.raw
-    spec = cfg.intervention_spec
-    if pg.finite and spec["kind"] != "none":
-        f = {r: rg.f for r, rg in pg.roles.items()}
-        scales = itv.role_scales(
-            spec, state, cfg.workflow, grads, f, {r: rg.slots for r, rg in pg.roles.items()}
-        )
+    f, slots = {r: rg.f for r, rg in pg.roles.items()}, {r: rg.slots for r, rg in pg.roles.items()}
+    scales = itv.role_scales(grads, f, slots) if pg.finite else None
+    if scales is not None:
         for role, sc in scales.items():
             stats[role]["itv_scale"] = sc
         if any(sc != 1.0 for sc in scales.values()):
@@ -391,7 +389,7 @@ def finish_policy(pg: PolicyGrad, cfg, state, stats: dict, metrics: bool) -> flo
             stats[role].update(v)
     for rg in pg.roles.values():  # free what apply_step does not read: one policy's slot gradients at a time
         rg.slot_grads = []
-        if not (metrics or spec["kind"] != "none"):
+        if not (metrics or itv.keeps_grads):
             rg.g = None
     return norm
 
@@ -400,7 +398,8 @@ def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: 
     """After every policy's finite gradient: each role's gradient EMA (metric steps: ema_cos), the
     intervention's commit, then per policy clip to grpo.max_grad_norm, AdamW step and scheduler step; the
     roles' clip_coef, grad_contrib_post and grad_share (their shares of the applied, clipped update), and the
-    workflow's loss, grad_norm and lr under "all". trainer: grad_ema, itv, optimizers, schedulers, params."""
+    workflow's loss, grad_norm and lr under "all". trainer: grad_ema, itv, and policies (policy -> its
+    PolicyState: params, optimizer, scheduler; marlflow.training.trainer)."""
     cfg, g = trainer.cfg, trainer.cfg.grpo
     roles = [rg for pg in done for rg in pg.roles.values()]
     if metrics:
@@ -412,9 +411,7 @@ def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: 
                 if ema is not None:
                     trainer.grad_ema[rg.role] = ema
                 finite_stats(stats[rg.role], ema_cos=cos)
-    if cfg.intervention_spec["kind"] != "none":
-        itv.commit(cfg.intervention_spec, trainer.itv, {rg.role: rg.g for rg in roles},
-                   {rg.role: rg.f for rg in roles})  # fmt: skip
+    trainer.itv.commit({rg.role: rg.g for rg in roles}, {rg.role: rg.f for rg in roles})
     roles_of = {pg.policy: list(pg.roles) for pg in done}
     pre = {r: stats[r]["grad_contrib_pre"] for rs in roles_of.values() for r in rs}
     scales = {r: stats[r]["itv_scale"] for r in pre if "itv_scale" in stats[r]}
@@ -422,16 +419,17 @@ def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: 
     for policy in norms:
         for role in roles_of[policy]:
             stats[role].update(clip_coef=post[role][0], grad_contrib_post=post[role][1])
-        torch.nn.utils.clip_grad_norm_(trainer.params[policy], g.max_grad_norm)
-        trainer.optimizers[policy].step()
-        trainer.schedulers[policy].step()
-        trainer.optimizers[policy].zero_grad(set_to_none=True)
+        st = trainer.policies[policy]
+        torch.nn.utils.clip_grad_norm_(st.params, g.max_grad_norm)
+        st.optimizer.step()
+        st.scheduler.step()
+        st.optimizer.zero_grad(set_to_none=True)
     for role, v in algos.grad_shares({r: p for r, (_, p) in post.items()}).items():
         stats[role]["grad_share"] = v
     stats["all"].update(
         loss=sum(rg.loss for rg in roles),
         grad_norm=math.sqrt(sum(v * v for v in norms.values())),
-        lr=trainer.schedulers[cfg.policies[0]].get_last_lr()[0],
+        lr=trainer.policies[cfg.policies[0]].scheduler.get_last_lr()[0],
     )
 
 

@@ -247,7 +247,7 @@ def child(spec: dict) -> dict:
     trainer = build_trainer(cfg, WORK / "run")
     model = trainer.model
     ckpt_on = bool(getattr(model.base_model.model, "is_gradient_checkpointing", False))
-    vocab = min(trainer.processing_class.vocab_size, 49152) - 10
+    vocab = min(trainer.tokenizer.vocab_size, 49152) - 10
     g = torch.Generator().manual_seed(0)
     calls = []
     for k in range(spec["calls"]):
@@ -557,7 +557,7 @@ def tokens(steps: int) -> None:
             if cfg.workflow == "orch_workers":
                 workers = m.loc["worker", "samples"] / eps
                 texts = [x for e in seen for x in e.info["strategies"]]
-                tok = trainer.processing_class
+                tok = trainer.tokenizer
                 strategy = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts) / len(texts)
             slots = plan.slot_tokens(cfg, comp, continue_frac=frac, workers=workers, strategy=strategy)
             for role in m.index:

@@ -78,9 +78,9 @@ from marlflow.models.loading import load_model_and_tokenizer  # noqa: E402
 from marlflow.tasks import register  # noqa: E402
 from marlflow.tasks.toy import ToyCode, ToyMath  # noqa: E402
 from marlflow.training import rollout as ro  # noqa: E402
-from marlflow.training.trainer import _grpo_args  # noqa: E402
+from marlflow.training.trl_loss import grpo_args  # noqa: E402
 
-# GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.training.trainer._grpo_args)
+# GRPOConfig fields that must stay the same for TRL as in our trainer's (marlflow.training.trl_loss.grpo_args)
 SAME = (
     "num_generations",
     "max_completion_length",
@@ -240,7 +240,7 @@ def trl_trainer(
     g = cfg.grpo
     n = len(prompts) * g.group_size
     mb = max(d for d in range(1, min(micro_batch or n, n) + 1) if n % d == 0)
-    ours = _grpo_args(cfg, tmp / "ours-args")
+    ours = grpo_args(cfg, tmp / "ours-args")
     # Our trainer's own GRPOConfig, with TRL's batch shape; weight decay and schedule as our AdamW's (ours
     # builds its optimizers itself, TRL from these arguments).
     args = dataclasses.replace(

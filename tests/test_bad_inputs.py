@@ -3,7 +3,7 @@
 Each bad input must give an error that names the problem and the fix (one line, no traceback, a non-zero
 exit code), or a documented, counted handling, and nothing already written may be lost. Matrix-file rows
 that tests/test_matrix.py already checks in-process are checked here only for what that file does not
-cover: the same message through Snakemake and through `python -m marlflow.pipeline.matrix`.
+cover: the same message through Snakemake and through `python -m marlflow matrix`.
 
 Training rows use the real code paths: the toy model built by conftest's `make_cfg` fixture, the train
 CLI (`marlflow.cli.train.main`, in-process or as a subprocess), and `build_trainer` for the trainer itself.
@@ -25,10 +25,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from marlflow.cli import matrix as matrix_cli
 from marlflow.cli import train as T
 from marlflow.cli.train import build_trainer
 from marlflow.core.config import TaskSpec
-from marlflow.pipeline import matrix as M
 from marlflow.tasks import register
 from marlflow.tasks.toy import ToyMath
 from marlflow.training.trainer import NaNLossError
@@ -90,7 +90,7 @@ def test_matrix_error_same_from_snakemake_and_cli(tmp_path, capsys, case):
     """The row's message, one line, exit 2, no traceback, identical from the CLI and from Snakemake."""
     old, new, preset, expected = MATRIX_CASES[case]
     bad = _bad_matrix(tmp_path, old, new)
-    assert M.main([str(bad), *(["--preset", preset] if preset else [])]) == 2
+    assert matrix_cli.main([str(bad), *(["--preset", preset] if preset else [])]) == 2
     cli = capsys.readouterr().err.strip()
     assert len(cli.splitlines()) == 1 and cli.startswith(f"error: {bad}: ")
     for part in expected:
@@ -104,7 +104,7 @@ def test_matrix_error_same_from_snakemake_and_cli(tmp_path, capsys, case):
 
 
 def test_matrix_file_missing(tmp_path, capsys):
-    assert M.main([str(tmp_path / "nope.yaml")]) == 2
+    assert matrix_cli.main([str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert f"nope.yaml: file not found: {tmp_path / 'nope.yaml'} does not exist" in err
     assert "looked up in the current folder" in err and "--config matrix=PATH/matrix.yaml" in err
@@ -112,7 +112,7 @@ def test_matrix_file_missing(tmp_path, capsys):
 
 def test_matrix_file_not_yaml(tmp_path, capsys):
     bad = _bad_matrix(tmp_path, "  toy:\n", "  toy: [\n")
-    assert M.main([str(bad)]) == 2
+    assert matrix_cli.main([str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert "not valid YAML at line" in err and len(err.splitlines()) == 1
 
@@ -127,7 +127,7 @@ def _write_cfg(tmp_path, cfg) -> Path:
 
 
 def _train_main(tmp_path, cfg, capsys) -> tuple[int, str]:
-    """`python -m marlflow.cli.train` in-process: (exit code, stderr); an escaping exception fails the test."""
+    """`python -m marlflow train` in-process: (exit code, stderr); an escaping exception fails the test."""
     code = T.main(["--config", str(_write_cfg(tmp_path, cfg)), "--out", str(tmp_path / "run")])
     return code, capsys.readouterr().err
 

@@ -225,7 +225,7 @@ def test_guard_state_round_trips_and_its_copy_does_not_alias():
 
 
 def test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient():
-    """What TRL's use_bias_correction_kl (set to True in marlflow.training.trainer._grpo_args) does to the KL term's
+    """What TRL's use_bias_correction_kl (set to True in marlflow.training.trl_loss.grpo_args) does to the KL term's
     gradient, exactly (expectation over every token of a categorical policy, no sampling): k3 times the
     on-policy importance ratio exp(logp - logp.detach()) differentiates to the reverse KL(pi || ref), the KL
     that grpo.beta and kl_anchor name; plain k3 differentiates to the forward KL(ref || pi)."""

@@ -1,4 +1,4 @@
-"""Broken matrix files, one per class of breakage: `python -m marlflow.pipeline.matrix FILE` must exit 2 within
+"""Broken matrix files, one per class of breakage: `python -m marlflow matrix FILE` must exit 2 within
 seconds, in bounded memory, with no traceback and at most 4 KB of message that names the offending key.
 
 Each case is a real file handed to the real CLI in a subprocess under an address-space limit

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from marlflow.cli import plan as plan_cli
 from marlflow.core.config import RunConfig
 from marlflow.pipeline import plan
 from marlflow.pipeline.matrix import run_sheet
@@ -298,22 +299,22 @@ def test_every_paper_cell_fits_80gb_and_refusal_names_the_fix():
 def test_cli_prints_a_table_for_every_preset(capsys):
     presets = yaml.safe_load((ROOT / "matrix.yaml").read_text())["presets"]
     for preset in presets:
-        assert plan.main(["--preset", preset]) == 0
+        assert plan_cli.main(["--preset", preset]) == 0
         out = capsys.readouterr().out
         rows = [line for line in out.splitlines() if line.startswith("| ") and "run_id" not in line]
         assert len(rows) == len(run_sheet(ROOT / "matrix.yaml", preset)), preset
         assert "planner prediction" in out
-    assert plan.main(["--preset", "paper", "--format", "csv"]) == 0
+    assert plan_cli.main(["--preset", "paper", "--format", "csv"]) == 0
     assert capsys.readouterr().out.count("\n") == 43
-    assert plan.main(["--preset", "paper", "--resources"]) == 0
+    assert plan_cli.main(["--preset", "paper", "--resources"]) == 0
     assert set(yaml.safe_load(capsys.readouterr().out)) == {"0.6b", "1.7b", "4b"}
-    assert plan.main(["--preset", "nope"]) == 2
+    assert plan_cli.main(["--preset", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
 
 
 def test_scale_resources_runtimes_come_from_the_planner(capsys):
     table = yaml.safe_load((ROOT / "profiles/slurm/scale_resources.yaml").read_text())["scale_resources"]
-    plan.main(["--preset", "paper", "--resources"])
+    plan_cli.main(["--preset", "paper", "--resources"])
     predicted = yaml.safe_load(capsys.readouterr().out)
     for scale, r in predicted.items():
         assert table[scale]["runtime"] == r["runtime"] and table[scale]["gpu_mem_gb"] == 80, scale
@@ -381,6 +382,6 @@ def test_data_parallel_imbalance_allreduce_and_gpu_choice(capsys):
         plan.choose_gpus(by_n, target_hours=h[8] / 2)["4b"]["gpu"] == 8
     )  # none does: the most still efficient
     assert plan.choose_gpus(by_n, target_hours=h[8] / 2, min_efficiency=0.99)["4b"]["gpu"] == 1
-    assert plan.main(["--preset", "paper", "--resources", "--max-gpus", "4", "--target-hours", "1"]) == 0
+    assert plan_cli.main(["--preset", "paper", "--resources", "--max-gpus", "4", "--target-hours", "1"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert {r["gpu"] for r in out.values()} == {4} and all(0 < r["efficiency"] <= 1 for r in out.values())

@@ -319,7 +319,7 @@ def test_config_sampling_seeds():
     assert _cfg(ranks=2, sampling_seeds="per_call").ranks == 2
     with pytest.raises(ConfigError, match="sampling_seeds is 'batch'; allowed values: stream, per_call"):
         _cfg(sampling_seeds="batch")
-    root = SHIPPED_TOY.parents[2]
+    root = SHIPPED_TOY.parents[3]  # src/marlflow/models/toy_model -> the repository
     doc = yaml.safe_load((root / "matrix.yaml").read_text())
     doc["presets"]["smoke"]["run"] = {"sampling_seeds": "per_call"}
     configs = [json.loads(c) for c in run_sheet(doc, "smoke")["config"]]

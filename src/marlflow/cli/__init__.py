@@ -26,7 +26,7 @@ COMMANDS = {
         None,
         "run the experiment matrix with Snakemake (--profile profiles/local); extra args go to snakemake",
     ),
-    "matrix": ("marlflow.pipeline.matrix", "validate matrix.yaml and print a preset's run sheet"),
+    "matrix": ("marlflow.cli.matrix", "validate matrix.yaml and print a preset's run sheet"),
     "models": (
         "marlflow.cli.models",
         "build the toy/smol models or validate a hub model (prepare, build-toy)",
@@ -38,7 +38,7 @@ COMMANDS = {
     "report": ("marlflow.cli.report", "figures and the HTML report from the tables"),
     "sandbox": ("marlflow.sandbox", "run untrusted code against tests in the sandbox"),
     "evidence": ("marlflow.cli.evidence", "collect finished runs into committed evidence with provenance"),
-    "plan": ("marlflow.pipeline.plan", "predict each run's GPU memory, step time and GPU-hours (any preset)"),
+    "plan": ("marlflow.cli.plan", "predict each run's GPU memory, step time and GPU-hours (any preset)"),
 }
 
 

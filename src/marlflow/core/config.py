@@ -1,6 +1,6 @@
 """Frozen, validated configuration of one training run.
 
-`RunConfig` is what `results/runs/<run_id>/config.json` holds and what `python -m marlflow.cli.train`
+`RunConfig` is what `results/runs/<run_id>/config.json` holds and what `python -m marlflow train`
 reads. It is built from one row of the run sheet (`marlflow.pipeline.matrix`); every invalid combination is
 rejected at construction with a message that names the field and how to fix it, in the manner of
 TRL's `GRPOConfig`. Defaults follow arXiv 2605.24202's code release where the paper gives a value
@@ -467,7 +467,7 @@ class RunConfig:
     )
     task: TaskSpec = _field(help="the dataset: a preset's `tasks:` entry for task_axis.", not_run_level=True)
     model: str = _field(
-        help="a local folder (toy/smol, built by `python -m marlflow.models.loading`) or a hub id (paper "
+        help="a local folder (toy/smol, built by `python -m marlflow models`) or a hub id (paper "
         "scales): a preset's `models:` entry for scale.",
         not_run_level=True,
     )
@@ -623,7 +623,7 @@ class RunConfig:
         "out a contiguous share of the step's problems (whole problems, so a GRPO group stays on one rank; "
         "sizes differ by at most one when ranks does not divide problems_per_step, and the all-reduced "
         "gradient is the mean over all calls either way) with its own generation backend, and the gradients "
-        "are averaged over the ranks before the optimizer step. `python -m marlflow.cli.train` starts the "
+        "are averaged over the ranks before the optimizer step. `python -m marlflow train` starts the "
         "ranks itself: torchrun on one machine, srun inside a SLURM job (the train rule asks for `ranks` "
         "tasks, and on device cuda for one GPU per rank). Needs problems_per_step >= ranks, an explicit device "
         '(cpu: gloo; cuda: NCCL, one GPU per rank) and sampling_seeds "per_call". Part of the training '

@@ -5,7 +5,7 @@
 `role_beta` gives the KL coefficient of each role's sub-batch: grpo.beta plus the role's entry of `beta` (0
 for a role it does not name). The KL term is TRL's k3 estimator (`common.k3_kl`) against the base model,
 i.e. the role's adapter disabled, with TRL's bias correction, so its gradient is that of the reverse
-KL(pi_role || pi_ref) that I1 names (marlflow.training.trainer._grpo_args). With any KL active, the update
+KL(pi_role || pi_ref) that I1 names (marlflow.training.trl_loss.grpo_args). With any KL active, the update
 also trains zero-advantage calls.
 """
 

@@ -9,7 +9,7 @@ Train jobs never import this module: `marlflow.models.loading` loads models and 
 `prepare --scale toy`.
 
     python -m marlflow.models.toybuild --out results/models/toy [--seed 0] [--threads 2]
-    python -m marlflow.models.loading build-toy --out results/models/toy          # the same, kept for old scripts
+    python -m marlflow models build-toy --out results/models/toy          # the same, kept for old scripts
 
 Speed (2-core CPU, benchmarks/RESULTS.md): the loss projects only completion positions (~1 in 4) onto the
 vocabulary, which is exact and saves the lm_head matmul and log-softmax on prompt tokens. `--bf16` (matmuls
@@ -370,7 +370,7 @@ def _texts(examples) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The toy build's options (shared with `python -m marlflow.models.loading`)."""
+    """The toy build's options (shared with `python -m marlflow models`)."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=STEPS, help="warm-start steps on the role-format corpus")
     p.add_argument(

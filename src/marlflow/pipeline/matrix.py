@@ -6,8 +6,8 @@ and a model, and sets GRPO and run-level settings, with optional per-cell `overr
 builds one `RunConfig` per cell, so every invalid value fails here, before Snakemake schedules anything, with
 one paragraph that names the key path and the fix.
 
-    python -m marlflow.pipeline.matrix matrix.yaml                  # validate, print the default preset's run sheet
-    python -m marlflow.pipeline.matrix matrix.yaml --preset paper --json
+    python -m marlflow matrix matrix.yaml                  # validate, print the default preset's run sheet
+    python -m marlflow matrix matrix.yaml --preset paper --json
 
 A run id names the run's folder, so it must mean one run across all presets: `check_run_ids` (run by this
 command and by the Snakefile) rejects two presets that train one id differently; a preset's `tag:` keeps
@@ -37,7 +37,6 @@ cover model-build variance.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import copy
 import dataclasses
@@ -881,38 +880,3 @@ def work_estimate(config_json: str) -> int:
     evals = g.steps // g.eval_every + 1
     episodes = g.steps * g.problems_per_step * g.group_size + evals * (cfg.task.eval_size + cfg.task.val_size)
     return episodes * calls * g.max_completion_length
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="marlflow matrix", description="Validate matrix.yaml and print a preset's run sheet."
-    )
-    ap.add_argument("file", nargs="?", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
-    ap.add_argument("--preset", help="preset to expand (default: the file's default_preset)")
-    ap.add_argument(
-        "--only", nargs="*", default=[], metavar="AXIS=V1,V2", help="restrict axes, e.g. workflow=voting"
-    )
-    ap.add_argument("--json", action="store_true", help="print the run sheet as JSON records")
-    args = ap.parse_args(argv)
-    try:
-        overrides = {}
-        for item in args.only:
-            key, _, vals = item.partition("=")
-            overrides[key] = vals.split(",") if vals else []
-        sheet = run_sheet(args.file, args.preset, overrides)
-        check_run_ids(args.file)
-    except MatrixError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        recs = [{"run_id": rid, **row, "config": json.loads(row["config"])} for rid, row in sheet.iterrows()]
-        print(json.dumps(recs, indent=2))
-    else:
-        with pd.option_context("display.max_rows", None, "display.width", 200):
-            print(sheet[list(AXES)].to_string())
-        print(f"{len(sheet)} runs (preset {sheet['preset'].iloc[0]})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

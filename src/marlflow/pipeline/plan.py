@@ -1,7 +1,7 @@
 """Memory and time planner: will a run fit on a GPU, and how long will it take?
 
-    python -m marlflow.pipeline.plan --preset paper [--matrix matrix.yaml] [--gpu h100-80gb] [--n-gpus 1] [--format md|csv]
-    python -m marlflow.pipeline.plan --preset paper --resources      # the per-scale runtimes for scale_resources.yaml
+    python -m marlflow plan --preset paper [--matrix matrix.yaml] [--gpu h100-80gb] [--n-gpus 1] [--format md|csv]
+    python -m marlflow plan --preset paper --resources      # the per-scale runtimes for scale_resources.yaml
     marlflow plan --preset toy
 
 For every run of a preset (the run sheet of `marlflow.pipeline.matrix`) it prints one row: tokens per step by role call,
@@ -20,13 +20,11 @@ figure this module produces is a planner prediction. Nothing is downloaded: hub 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -763,7 +761,7 @@ def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = 
         f"rollouts / {m['vllm_update']:.1f} during the update), but the GPU has {gpu_memory_gb:g} GB"
         f"{' (' + where + ')' if where else ''} and a run must leave 10% of it spare ({limit:.1f} GB). To fix it, "
         f"in matrix.yaml presets.{cfg.preset}.run: " + "; ".join(fixes) + ". "
-        f"See `python -m marlflow.pipeline.plan --preset {cfg.preset}` and docs/planner.md."
+        f"See `python -m marlflow plan --preset {cfg.preset}` and docs/planner.md."
     )
 
 
@@ -871,73 +869,3 @@ def choose_gpus(plans_by_n: dict[int, list[RunPlan]], target_hours: float, min_e
         n = fast[0] if fast else max(n for n in by_n if eff[n] >= min_efficiency or n == 1)
         out[scale] = {"gpu": n, "longest_run_h": math.ceil(by_n[n]), "efficiency": round(eff[n], 2)}
     return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
-    ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
-    ap.add_argument("--preset", help="preset to plan (default: the file's default_preset)")
-    ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")
-    ap.add_argument("--n-gpus", type=int, default=1, help="data-parallel GPUs per run (default 1)")
-    ap.add_argument("--format", choices=["md", "csv"], default="md", help="table format (default md)")
-    ap.add_argument("--resources", action="store_true",
-                    help="print per-scale runtime (minutes: the longest run at 100%% of the cap, at most "
-                         "--job-limit-min), submissions needed and peak GB as YAML, for "
-                         "profiles/slurm/scale_resources.yaml")  # fmt: skip
-    ap.add_argument(
-        "--job-limit-min",
-        type=int,
-        default=JOB_LIMIT_MIN,
-        help=f"with --resources: the cluster's job time limit in minutes (default {JOB_LIMIT_MIN})",
-    )
-    ap.add_argument("--max-gpus", type=int, default=1,
-                    help="with --resources: also choose GPUs per run for each scale (powers of two up to this; "
-                         "choose_gpus) and print gpu: N with the runtime at N")  # fmt: skip
-    ap.add_argument("--target-hours", type=float, default=48.0,
-                    help="with --max-gpus: the longest run's wall time to aim for (default 48)")  # fmt: skip
-    args = ap.parse_args(argv)
-    from marlflow.pipeline.matrix import MatrixError
-
-    try:
-        plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus)
-    except (MatrixError, PlanError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.resources:
-        if args.job_limit_min < 1 or args.max_gpus < 1:
-            print("error: --job-limit-min and --max-gpus must be >= 1", file=sys.stderr)
-            return 2
-        chosen = {}
-        if args.max_gpus > 1:
-            counts = [2**k for k in range(int(math.log2(args.max_gpus)) + 1)]
-            by_n = {1: plans, **{n: plan_sheet(args.matrix, args.preset, args.gpu, n) for n in counts[1:]}}
-            chosen = choose_gpus(by_n, args.target_hours)
-            plans = [p for n in counts for p in by_n[n] if chosen.get(p.scale, {}).get("gpu", 1) == n]
-        for scale, r in resources(plans, args.job_limit_min).items():
-            r = {
-                **(
-                    {"gpu": chosen[scale]["gpu"], "efficiency": chosen[scale]["efficiency"]} if chosen else {}
-                ),
-                **r,
-            }
-            print(f"{scale}: {{{', '.join(f'{k}: {v}' for k, v in r.items())}}}")
-        return 0
-    rows = table_rows(plans)
-    if args.format == "csv":
-        import csv
-
-        w = csv.writer(sys.stdout)
-        w.writerow(COLUMNS)
-        w.writerows(rows)
-        return 0
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-    print()
-    print(summary(plans))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

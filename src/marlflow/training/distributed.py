@@ -1,7 +1,7 @@
 """Data-parallel plumbing of one run (issue 27): which rank this process is, the process group, the work split,
 and the collectives the trainer needs. Small on purpose (nanoGPT-style): torch.distributed does the work.
 
-A run with `ranks: N` (RunConfig) is N processes. `python -m marlflow.cli.train` starts them itself (`launch_argv`):
+A run with `ranks: N` (RunConfig) is N processes. `python -m marlflow train` starts them itself (`launch_argv`):
 `torchrun --standalone --nproc-per-node N` on one machine, `srun --ntasks N` inside a SLURM allocation (the
 train rule asks for N tasks, profiles/slurm). Each process then calls `init(device)`, which reads its rank from
 the environment (`from_environ`: torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, or
@@ -296,7 +296,7 @@ def barrier() -> None:
 
 def launch_argv(ranks: int, argv: Sequence[str], environ: Mapping[str, str], device: str = "cpu",
                 threads: int = 1) -> list[str] | None:  # fmt: skip
-    """The command that starts `ranks` ranks of `python -m marlflow.cli.train argv`, or None when this process is
+    """The command that starts `ranks` ranks of `python -m marlflow train argv`, or None when this process is
     to train itself (ranks 1, or already one of the ranks). Pure, for tests.
 
     Inside a SLURM job (SLURM_JOB_ID set; the train rule's job asked for `ranks` tasks) it is `srun --ntasks

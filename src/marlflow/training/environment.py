@@ -16,7 +16,7 @@ appends, each time training starts (fresh at step 0 or resumed at the checkpoint
 
 The file is provenance only: it is no Snakemake output, no checkpoint holds it and no config fingerprint reads
 it, so two runs that trained alike compare equal whatever machines they ran on (tests/test_resume.py).
-`python -m marlflow.cli.evidence collect` groups its lines (`distinct`) into provenance.json's
+`python -m marlflow evidence collect` groups its lines (`distinct`) into provenance.json's
 `environments`; the report's Provenance section names each one.
 """
 

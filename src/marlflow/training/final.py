@@ -1,6 +1,6 @@
 """The `final/` folder of a finished run: its adapters in PEFT format plus a filled model card.
 
-`python -m marlflow.cli.train` calls `write_final(run_dir, cfg, metrics)` after training. It copies the adapters
+`python -m marlflow train` calls `write_final(run_dir, cfg, metrics)` after training. It copies the adapters
 of the newest complete checkpoint (the last step) into
 
     RUN/final/<policy>/adapter_config.json, adapter_model.safetensors, README.md   (SP: shared; IP: one per role type)

@@ -106,7 +106,7 @@ class TensorBoard:
 def prepare(cfg, run_dir: str | Path) -> None:
     """Settings that a tracker library reads when it is imported, set before anything imports it:
     TRACKIO_DIR defaults to RUN/trackers/trackio. TRL's trainer module imports trackio when it is installed,
-    so `python -m marlflow.cli.train` calls this first; a process that imported trackio before logs to trackio's
+    so `python -m marlflow train` calls this first; a process that imported trackio before logs to trackio's
     default directory instead (a warning says where)."""
     if "trackio" in cfg.report_to:
         os.environ.setdefault("TRACKIO_DIR", str(Path(run_dir) / "trackers" / "trackio"))

@@ -159,16 +159,6 @@ class MultiAgentGRPOTrainer:
         self.last_acc: float | None = None
         self.last_step: dict | None = None
 
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """policy -> its AdamW (`self.policies`)."""
-        return {p: s.optimizer for p, s in self.policies.items()}
-
-    @property
-    def schedulers(self) -> dict:
-        """policy -> its learning-rate scheduler (`self.policies`)."""
-        return {p: s.scheduler for p, s in self.policies.items()}
-
     # ------------------------------------------------------------------ data
 
     def problems_for(self, step: int):

@@ -1,0 +1,92 @@
+"""Memory and time planner: will a run fit on a GPU, and how long will it take?
+
+The `marlflow plan` command (also `python -m marlflow plan`); its library is `marlflow.pipeline.plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from marlflow.pipeline.plan import (
+    COLUMNS,
+    GPUS,
+    JOB_LIMIT_MIN,
+    PlanError,
+    choose_gpus,
+    plan_sheet,
+    resources,
+    summary,
+    table_rows,
+)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
+    ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
+    ap.add_argument("--preset", help="preset to plan (default: the file's default_preset)")
+    ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")
+    ap.add_argument("--n-gpus", type=int, default=1, help="data-parallel GPUs per run (default 1)")
+    ap.add_argument("--format", choices=["md", "csv"], default="md", help="table format (default md)")
+    ap.add_argument("--resources", action="store_true",
+                    help="print per-scale runtime (minutes: the longest run at 100%% of the cap, at most "
+                         "--job-limit-min), submissions needed and peak GB as YAML, for "
+                         "profiles/slurm/scale_resources.yaml")  # fmt: skip
+    ap.add_argument(
+        "--job-limit-min",
+        type=int,
+        default=JOB_LIMIT_MIN,
+        help=f"with --resources: the cluster's job time limit in minutes (default {JOB_LIMIT_MIN})",
+    )
+    ap.add_argument("--max-gpus", type=int, default=1,
+                    help="with --resources: also choose GPUs per run for each scale (powers of two up to this; "
+                         "choose_gpus) and print gpu: N with the runtime at N")  # fmt: skip
+    ap.add_argument("--target-hours", type=float, default=48.0,
+                    help="with --max-gpus: the longest run's wall time to aim for (default 48)")  # fmt: skip
+    args = ap.parse_args(argv)
+    from marlflow.pipeline.matrix import MatrixError
+
+    try:
+        plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus)
+    except (MatrixError, PlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.resources:
+        if args.job_limit_min < 1 or args.max_gpus < 1:
+            print("error: --job-limit-min and --max-gpus must be >= 1", file=sys.stderr)
+            return 2
+        chosen = {}
+        if args.max_gpus > 1:
+            counts = [2**k for k in range(int(math.log2(args.max_gpus)) + 1)]
+            by_n = {1: plans, **{n: plan_sheet(args.matrix, args.preset, args.gpu, n) for n in counts[1:]}}
+            chosen = choose_gpus(by_n, args.target_hours)
+            plans = [p for n in counts for p in by_n[n] if chosen.get(p.scale, {}).get("gpu", 1) == n]
+        for scale, r in resources(plans, args.job_limit_min).items():
+            r = {
+                **(
+                    {"gpu": chosen[scale]["gpu"], "efficiency": chosen[scale]["efficiency"]} if chosen else {}
+                ),
+                **r,
+            }
+            print(f"{scale}: {{{', '.join(f'{k}: {v}' for k, v in r.items())}}}")
+        return 0
+    rows = table_rows(plans)
+    if args.format == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(COLUMNS)
+        w.writerows(rows)
+        return 0
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print()
+    print(summary(plans))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

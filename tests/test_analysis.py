@@ -447,6 +447,7 @@ def test_heldout_peak_is_selected_on_validation_and_read_on_test():
     assert single.peak_heldout_step == 0 and single.gain_heldout == 0.0
 
 
+@pytest.mark.slow
 def test_evidence_tables_are_regenerated_from_committed_data():
     """Every results/evidence/<experiment>/ holds data with provenance, its tables/*.md are what its
     metrics.parquet renders to, and every table README.md or docs/ quote from it is that rendering."""

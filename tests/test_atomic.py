@@ -167,6 +167,7 @@ def test_torn_checkpoints_are_never_resumed_from(tmp_path):
     assert [p.name for p in found] == ["step-2"]
 
 
+@pytest.mark.slow
 def test_disk_full_while_writing_a_checkpoint(make_cfg, tmp_path, monkeypatch, capsys):
     """torch.save fails with ENOSPC half-way through the step-2 checkpoint: the run stops with a message
     that says the disk is full and what to do, step-1 is intact and loadable, no torn folder is left, and

@@ -84,6 +84,7 @@ MATRIX_CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed in this environment")
 @pytest.mark.parametrize("case", list(MATRIX_CASES))
 def test_matrix_error_same_from_snakemake_and_cli(tmp_path, capsys, case):
@@ -147,6 +148,7 @@ def _error_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_model_path_does_not_exist(make_cfg, tmp_path):
     cfg = dataclasses.replace(make_cfg("single", "sp"), model=str(tmp_path / "models" / "toy"))
     out = _train_cli(tmp_path, cfg)
@@ -168,6 +170,7 @@ def test_model_folder_without_config_json(make_cfg, tmp_path, capsys):
     assert "exists but has no config.json" in line and "`marlflow models prepare --scale SCALE" in line
 
 
+@pytest.mark.slow
 def test_tokenizer_without_chat_template(make_cfg, toy_model_dir, tmp_path):
     model = tmp_path / "no-template"
     shutil.copytree(toy_model_dir, model)
@@ -261,6 +264,7 @@ CONFIG_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_train_cli_bad_run_config(tmp_path, case):
     """Exit 2 before any work: one line naming the config file and the key, no traceback, <= 4 KB,
@@ -321,6 +325,7 @@ DATA_CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(DATA_CASES))
 def test_train_cli_bad_dataset_rows(tmp_path, case):
     """Exit 1 before the model loads, one line naming the file, the line and the field; no run folder."""

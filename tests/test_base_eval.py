@@ -26,6 +26,7 @@ def _step0(trainer) -> tuple[pd.DataFrame, pd.DataFrame]:
     return m[~m.metric.isin(VOLATILE_METRICS)].reset_index(drop=True), s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["eval_opt", "voting", "orch_workers"])
 def test_ip_step0_evaluation_equals_sp(make_cfg, tmp_path, workflow):
     sp_m, sp_s = _step0(build_trainer(make_cfg(workflow, "sp"), tmp_path / "sp"))
@@ -62,6 +63,7 @@ def _same_run(a, b) -> None:
         assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
+@pytest.mark.slow
 def test_runs_of_a_cell_share_step0_and_end_as_if_alone(make_cfg, tmp_path, monkeypatch):
     sp, ip = make_cfg("eval_opt", "sp", steps=2), make_cfg("eval_opt", "ip", steps=2)
     run(ip, tmp_path / "alone" / ip.run_id)  # computes its own step 0

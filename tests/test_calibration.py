@@ -62,6 +62,7 @@ def test_flat_accuracy_is_rarely_a_cliff(n, k):
         assert old.mean() > 0.3  # the rule this replaces: about 60% false cliffs here
 
 
+@pytest.mark.slow
 def test_cliff_rates_are_the_ones_the_docs_state(flag_sim):
     """Every false rate (flat) and the power for realistic shapes at n = 200, from the seeded simulation the
     docs quote: each within the stated range (so a change that moves them fails here until the docs move)."""
@@ -104,6 +105,7 @@ def _write(path, truths: np.ndarray, n: int, prefix: str, rng) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_aggregate_cli_flags_few_flat_runs_and_real_drops(tmp_path):
     """The real CLI (`python -m marlflow aggregate`) on 900 synthetic flat runs (p = 0.3, 0.5, 0.8) and 100
     runs with a rise and a 12-point late drop (n = 200, 5 evals): <= 5% of the flat ones are cliffs, >= 70% of
@@ -140,6 +142,7 @@ def flag_sim():
     return calibrate_flags
 
 
+@pytest.mark.slow
 def test_an_unchanged_role_is_rarely_a_capture(flag_sim):
     """Each rule is tested at alpha/3 (up to the binomial's discreteness), all three together at alpha, for
     n = 16 ... 1412 calls per eval, shares 0.02-0.5 and heavy-tailed lengths; the old effect-size-only rules
@@ -168,6 +171,7 @@ def test_capture_tests_on_edge_inputs():
     assert not flag
 
 
+@pytest.mark.slow
 def test_stagnation_is_what_a_flat_run_gets_and_a_real_gain_mostly_avoids(flag_sim):
     """Stagnation is the right call on a flat curve and a lack of power on a small real gain;
     docs/reference.md states how often a true gain is still called stagnation, from this simulation."""

@@ -113,6 +113,7 @@ def test_pyproject_declares_the_console_script():
 # ---------------------------------------------------------------- final/
 
 
+@pytest.mark.slow
 def test_final_folder_loads_with_peft_and_has_a_filled_card(trained_run, toy_model_dir):
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -154,6 +155,7 @@ def test_final_folder_loads_with_peft_and_has_a_filled_card(trained_run, toy_mod
 # ---------------------------------------------------------------- eval
 
 
+@pytest.mark.slow
 def test_eval_on_the_other_task_writes_its_table_and_leaves_training_outputs_alone(trained_run):
     run_dir, cfg = trained_run
     before = tree_digest(run_dir)
@@ -175,6 +177,7 @@ def test_eval_on_the_other_task_writes_its_table_and_leaves_training_outputs_alo
     assert tree_digest(run_dir) == before  # nothing outside evals/ was written, no trl/ folder either
 
 
+@pytest.mark.slow
 def test_eval_on_another_task_uses_that_tasks_completion_budget(trained_run):
     """The run trained toy_math-style with 12 tokens; toy_code needs the 40 that matrix.yaml gives it (before,
     eval kept the source run's budget, cut every code answer off and printed accuracy 0.000)."""
@@ -191,6 +194,7 @@ def test_eval_on_another_task_uses_that_tasks_completion_budget(trained_run):
     assert task_budget(cfg, cfg.task.name, run_dir)[0] == 12
 
 
+@pytest.mark.slow
 def test_eval_warns_when_answers_hit_the_budget(trained_run):
     run_dir, _ = trained_run
     out = marlflow("eval", "--run", str(run_dir), "--task", "toy_code", "--n", "4", "--step", "0",
@@ -269,6 +273,7 @@ def test_eval_of_a_folder_that_is_not_a_run(tmp_path):
 # ---------------------------------------------------------------- chat
 
 
+@pytest.mark.slow
 def test_chat_answers_piped_lines_with_the_roles_adapter(trained_run):
     """Two piped lines get two replies, equal to greedy generation with the generator's final adapter
     loaded independently through PEFT and the chat template."""

@@ -336,6 +336,7 @@ def _read(out: Path, rank: int) -> dict:
     return json.loads((out / f"rank-{rank}.json").read_text())
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_all_reduce_to_the_one_rank_gradient_and_gather_in_order(tmp_path):
     cmd = D.launch_argv(2, [], _clean_env())  # the launcher's own torchrun command, pointed at this worker
     cmd = [*cmd[:3], str(HERE), "collectives", str(tmp_path)]
@@ -350,6 +351,7 @@ def test_two_torchrun_ranks_all_reduce_to_the_one_rank_gradient_and_gather_in_or
         assert x["gathered"] == [f"outcome-{i}" for i in range(N_ITEMS)]
 
 
+@pytest.mark.slow
 def test_a_sigkilled_rank_ends_the_other_within_seconds(tmp_path):
     procs = _slurm_ranks("kill", tmp_path, TEST_TIMEOUT_S="60")
     t0 = time.monotonic()
@@ -365,6 +367,7 @@ def test_a_sigkilled_rank_ends_the_other_within_seconds(tmp_path):
     assert elapsed < 45
 
 
+@pytest.mark.slow
 def test_a_stuck_rank_ends_the_other_at_the_collective_timeout(tmp_path):
     procs = _slurm_ranks("hang", tmp_path, TEST_TIMEOUT_S="3")
     try:
@@ -387,6 +390,7 @@ def test_a_stuck_rank_ends_the_other_at_the_collective_timeout(tmp_path):
 CHUNK_MEANS = ("entropy", "clip_frac")
 
 
+@pytest.mark.slow
 def test_two_ranks_update_like_one_process_sp_and_ip(tmp_path):
     """One update: 2 gloo ranks, each holding its own problems' calls of a step, compute the gradient
     and the per-role gradient metrics of one process that holds every call, for Voting SP (parallel slots on
@@ -463,6 +467,7 @@ def _launch(mode: str, out: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_launcher_stops_the_ranks_and_the_run_exits_75(tmp_path):
     """SIGUSR1 to the launcher (marlflow.cli.train's process for a ranks-2 run) reaches each torchrun rank once;
     the ranks stop, rank 0 reports, and the run exits 75 although torchrun itself exits 1."""
@@ -480,6 +485,7 @@ def test_a_signal_to_the_launcher_stops_the_ranks_and_the_run_exits_75(tmp_path)
     assert not (tmp_path / ".preempted").exists()  # read and removed by the launcher
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_launch_with_a_failure_not_75(tmp_path):
     """One of 2 torchrun ranks is SIGKILLed: the run ends within seconds with a non-zero code that is not 75
     (nothing was checkpointed, so it is not a preemption)."""

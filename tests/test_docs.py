@@ -189,6 +189,7 @@ def test_readme_has_commands_and_only_known_blocks():
     assert len(cmds) >= 8, cmds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", readme_commands())
 def test_readme_command_runs(cmd):
     check_command(cmd)

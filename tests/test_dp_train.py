@@ -56,7 +56,11 @@ CHUNK_MEANS = ("entropy", "clip_frac", "kl", "logp_gap")
 # the toy model), a 1e-10 difference in the summation order of the all-reduce moves that coordinate by a
 # visible fraction of lr (tests/test_distributed.py::test_two_ranks_update_like_one_process_sp_and_ip), so 1e-5
 # on the adapters is not reachable through Adam; measured on these runs: see test_two_ranks_train_like_one.
-ADAPTER_ATOL = 3e-4  # lr 1e-2; measured at most 6.7e-5 over the 7 cells below (a 4.5x margin)
+# lr 1e-2, 3 steps. Measured at most 6.7e-5 over the 7 cells below on one [A] machine, and 4.54e-4 (the Voting IP
+# cell, the same value at d8cedd6 and after the package re-housing) on another of the same type: so 1.5e-3, a
+# 3.3x margin over the largest, still 20x below the lr x steps a coordinate can move. The all-reduced gradients
+# themselves are held to GRAD_RTOL above: that is the check a wrong reduce fails.
+ADAPTER_ATOL = 1.5e-3
 
 
 def _cfg(workflow: str, sharing: str, ranks: int, cg: bool = False, steps: int = 3, **grpo):
@@ -182,6 +186,7 @@ CELLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cells", list(CELLS.values()), ids=list(CELLS))
 def test_two_ranks_train_like_one(cells, tmp_path):
     """3 steps of each cell with 1 process and with 2 ranks (each rank rolls out 1 of the step's 2 problems and
@@ -277,6 +282,7 @@ def _same_run(ref: Path, run: Path) -> None:
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(uninterrupted, tmp_path):
     """SIGKILL of rank 1 after the step-1 checkpoint ends the whole job within seconds (no rank left waiting in
     a collective) with a failure; the rerun resumes from the newest checkpoint and ends with the uninterrupted
@@ -308,6 +314,7 @@ def test_cli_sigkill_of_a_rank_then_rerun_and_resume_under_another_rank_count(un
     compare_runs(other, ref)
 
 
+@pytest.mark.slow
 def test_cli_a_signal_to_one_rank_stops_both_after_the_same_step(uninterrupted, tmp_path):
     """SIGUSR1 to rank 1 alone, after step 1 (no checkpoint is due before step 3): both ranks stop after the
     same step (distributed.stop_agreed), rank 0 writes that step's checkpoint, once, the run exits 75, and the rerun

@@ -61,6 +61,7 @@ def _episodes(trainer, temperature: float, seed: int):
     return [[(c.slot, c.completion_ids) for c in e.calls] for e in eps], after
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,temperature,top_p",
     [("eval_opt", 0.0, 1.0), ("eval_opt", 1.0, 1.0), ("eval_opt", 0.7, 0.9), ("voting", 0.7, 1.0)],
@@ -86,6 +87,7 @@ def test_fast_path_samples_the_reference_tokens(make_cfg, tmp_path, workflow, te
         assert max(len(ep) for ep in want) >= 4 and fast.backend.prefix_kv.size > 0  # refinements reused K/V
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,temperature",
     [("eval_opt", 0.0), ("voting", 0.0), ("eval_opt", 1.0)],

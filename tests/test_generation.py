@@ -36,6 +36,7 @@ def _perturb(trainer, seed=0, scale=0.3):
     trainer.backend.on_update()  # as after any weight change: states stored for the old weights are dropped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "temperature,top_p",
     [(0.0, 1.0), (1.0, 1.0), (0.7, 1.0), (0.8, 0.9)],
@@ -133,6 +134,7 @@ def test_gqa_attention_gives_sdpas_forward(make_cfg, tmp_path):
     assert not use_gqa_sdpa(model)  # already switched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["sp", "ip"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T1"])
 def test_prefix_kv_reuse_samples_what_a_full_prefill_does(make_cfg, tmp_path, sharing, temperature):

@@ -94,6 +94,7 @@ def test_copy_follows_every_update_and_runs_its_own_forward(make_cfg, tmp_path):
     assert not any(p.requires_grad for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_bf16_generation_trains_both_sharings(make_cfg, tmp_path):
     """Rollouts sampled from the bf16 copy train every adapter: with a reward that varies in every group
     (parity_bf16), each policy's LoRA B, zero at the start, is nonzero after 2 steps, under SP and IP."""

@@ -67,6 +67,7 @@ def test_vllm_on_cpu_is_accepted_and_auto_is_rejected_by_the_config():
         paper_cfg("Qwen/Qwen3-0.6B", device="auto")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit; this machine has CUDA")
 def test_train_cli_on_paper_preset_fails_before_loading_anything(tmp_path):
     """`python -m marlflow train` with a paper cell exits 1 with the GPU message, in seconds (no model load)."""
@@ -117,6 +118,7 @@ def _smoke(*args, timeout=900) -> tuple[subprocess.CompletedProcess, dict | None
     return proc, json.loads(line.removeprefix("GPU_SMOKE_JSON ")) if line else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_gpu_smoke_cpu_dry_run_runs_the_paper_length_path(tmp_path):
     """The paper-length smoke's whole path (cell from the planner, random Qwen3 model, backend generate,
@@ -171,6 +173,7 @@ def test_gpu_smoke_two_rank_check_says_why_it_is_skipped():
     assert out["dp"]["skipped"].startswith("skipped: torch sees") and "2-rank check: skipped" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_gpu_smoke_two_rank_check_on_the_cpu():
     """The 2-rank check's path on the CPU (gloo, the toy model): benchmarks/bench_dp.py's `launch` of the real

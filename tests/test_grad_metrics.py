@@ -59,6 +59,7 @@ def _train_rows(trainer) -> pd.Series:
     return m[m.split == "train"].set_index(["step", "role", "metric"]).value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo"])
 def test_sp_role_metrics_match_direct_gradients(make_cfg, tmp_path, loss_type):
     """Voting SP: each role's grad_norm is the norm of its own mean-loss gradient (what IP computes on the
@@ -111,6 +112,7 @@ def test_sp_role_metrics_match_direct_gradients(make_cfg, tmp_path, loss_type):
     assert set(trainer.grad_ema) == {"generator", "aggregator"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["sp", "ip"])
 def test_voting_steps_log_every_gradient_metric(make_cfg, tmp_path, sharing):
     """Real train steps: every metric is in the metrics rows, proj_share sums to 1 per policy, and ema_cos is

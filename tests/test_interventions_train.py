@@ -154,6 +154,7 @@ def test_bad_intervention_definitions_are_refused(make_cfg):
     assert RunConfig.from_dict(json.loads(json.dumps(full.to_dict()))) == full
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_with_coherence_state(make_cfg, tmp_path):
     cfg = _with(make_cfg("voting", "sp", task="parity", steps=4, save_every=1, eval_every=2), "coh",
                 kind="coherence", lam=0.3, window=2)  # fmt: skip
@@ -162,6 +163,7 @@ def test_sigkill_then_resume_equals_uninterrupted_with_coherence_state(make_cfg,
     assert (scales[scales.step >= 2].value < 1).any()  # the EMA exists and acts after the first step
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_with_cliff_guard_state(make_cfg, tmp_path):
     """The drift task (tests/parity_train.py) scores a held-out problem 1 while the workflow says what it said
     at step 0, so validation accuracy (what cliff_guard reads) starts at 1 and falls once training changes

@@ -119,14 +119,14 @@ def test_errors_name_the_key(edit, preset, overrides, expected):
 
 def test_cli_ok_and_json():
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.pipeline.matrix", str(MATRIX), "--preset", "paper"],
+        [sys.executable, "-m", "marlflow", "matrix", str(MATRIX), "--preset", "paper"],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0, out.stderr
     assert "42 runs (preset paper)" in out.stdout
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.pipeline.matrix", str(MATRIX), "--json"],
+        [sys.executable, "-m", "marlflow", "matrix", str(MATRIX), "--json"],
         capture_output=True,
         text=True,
     )
@@ -139,7 +139,7 @@ def test_cli_invalid_exits_2_without_traceback(tmp_path):
         MATRIX.read_text().replace("eval_opt, voting, orch_workers]", "eval_opt, votng, orch_workers]", 1)
     )
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.pipeline.matrix", str(bad)], capture_output=True, text=True
+        [sys.executable, "-m", "marlflow", "matrix", str(bad)], capture_output=True, text=True
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
@@ -217,7 +217,7 @@ def test_two_presets_that_train_one_run_id_differently_are_rejected(tmp_path):
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(edited(longer)))
     out = subprocess.run(
-        [sys.executable, "-m", "marlflow.pipeline.matrix", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "marlflow", "matrix", str(path)], capture_output=True, text=True
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr and "toy_more" in out.stderr
 

@@ -120,11 +120,12 @@ def _cpu_of_children() -> float:
 def _run(path: Path, *args) -> tuple[subprocess.CompletedProcess, float]:
     """The CLI's result and the CPU seconds it used (not wall time, which a loaded machine inflates)."""
     t0 = _cpu_of_children()
-    out = subprocess.run([sys.executable, "-m", "marlflow.pipeline.matrix", str(path), *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "marlflow", "matrix", str(path), *args], capture_output=True,
                          text=True, timeout=120, preexec_fn=_limit, cwd=ROOT)  # fmt: skip
     return out, _cpu_of_children() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_broken_matrix_file(tmp_path, case):
     content, expected = CASES[case]

@@ -111,6 +111,7 @@ def test_loading_imports_no_builder():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_prepare_toy_writes_ready_last_and_skips_rebuild(tmp_path, monkeypatch):
     written = []
     real = models.atomic_write_json

@@ -296,6 +296,7 @@ def test_every_paper_cell_fits_80gb_and_refusal_names_the_fix():
     assert "gradient_checkpointing: on" in msg and "max_chunk_tokens" in msg
 
 
+@pytest.mark.slow
 def test_cli_prints_a_table_for_every_preset(capsys):
     presets = yaml.safe_load((ROOT / "matrix.yaml").read_text())["presets"]
     for preset in presets:
@@ -331,6 +332,7 @@ def _snakemake(*args):
                           timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (BIN / "snakemake").exists(), reason="snakemake is not installed in this environment")
 def test_snakemake_refuses_a_run_that_does_not_fit(tmp_path):
     small = tmp_path / "small_gpus.yaml"

@@ -135,6 +135,7 @@ def run_ids(runs: list[str]) -> list[str]:
     return [Path(p).parent.name for p in runs]
 
 
+@pytest.mark.slow
 def test_outputs_contract_and_cli(tmp_path, runs, capsys):
     tables = tmp_path / "tables"
     assert aggregate_cli.main(["--runs", *runs, "--out", str(tables)]) == 0
@@ -152,6 +153,7 @@ def test_outputs_contract_and_cli(tmp_path, runs, capsys):
         assert path.read_bytes().startswith(PNG_MAGIC), path
 
 
+@pytest.mark.slow
 def test_overview_page(tmp_path, runs):
     written = build(tmp_path, runs)
     page = written["report.html"].read_text()
@@ -187,6 +189,7 @@ def test_overview_page(tmp_path, runs):
     assert again["report.html"].read_bytes() == written["report.html"].read_bytes()
 
 
+@pytest.mark.slow
 def test_statistics_tables_absent_or_torn(tmp_path, runs):
     tables = tmp_path / "tables"
     aggregate_cli.main(["--runs", *runs, "--out", str(tables)])
@@ -203,6 +206,7 @@ def test_statistics_tables_absent_or_torn(tmp_path, runs):
         build(tmp_path, runs, name="bad2")
 
 
+@pytest.mark.slow
 def test_run_page(tmp_path, runs):
     written = build(tmp_path, runs)
     p = written["pages/voting-ip-toy-math-s0.html"]
@@ -249,6 +253,7 @@ def test_curves_share_y_per_task_with_se_bands(runs):
         assert axes[2].get_position().x0 > axes[1].get_position().x0
 
 
+@pytest.mark.slow
 def test_intervention_traces_and_contrast_section(runs, tmp_path):
     """With an intervention run beside its none partner: the traces figure has a row per role of that cell
     (a line per intervention, seed means), the overview gets the Interventions - none table and the figure;
@@ -403,6 +408,7 @@ def findings_box(page: str) -> str:
     return page[start : page.index("</section>", start)]
 
 
+@pytest.mark.slow
 def test_findings_box(tmp_path, signal_runs):
     # one run on the model marlflow ships, the others on a rebuilt one (another CPU, another hash)
     from marlflow.models.loading import SHIPPED_TOY
@@ -486,6 +492,7 @@ def test_findings_box(tmp_path, signal_runs):
         assert text.startswith("One seed per cell") and "[n/a]" not in text, name
 
 
+@pytest.mark.slow
 def test_findings_with_seeds(tmp_path):
     """Two seeds per cell: no banner, the SP - IP lines carry their 95% CI and which side it favours, the
     cells their range over seeds, and the .md tables their CIs."""
@@ -508,6 +515,7 @@ def test_findings_with_seeds(tmp_path):
     assert "One seed per cell" not in md and "-0.155 [-0.219, -0.091]" in md
 
 
+@pytest.mark.slow
 def test_solution_metrics_only_where_the_tasks_have_them(tmp_path):
     """Runs of tasks without solution metrics (smol_math: no `careless` test, no `solution_metrics`) get no
     solution-metrics figure, declared or written, and a page that names no toy-only metric but says there are
@@ -592,6 +600,7 @@ def colour_share(png: bytes) -> float:
     return float(((img.max(axis=2) - img.min(axis=2)) > 60).mean())
 
 
+@pytest.mark.slow
 def test_no_blank_figure(tmp_path, signal_runs):
     from marlflow.analysis.plots import _placeholder, png_bytes
 

@@ -91,6 +91,7 @@ def _assert_same_run(ref: Path, run: Path) -> tuple[dict, pd.DataFrame]:
     return b, m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow,sharing", [("voting", "ip"), ("voting", "sp"), ("orch_workers", "ip"),
                                               ("orch_workers", "sp")])  # fmt: skip
 def test_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, sharing):
@@ -100,6 +101,7 @@ def test_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, 
     assert any(v.abs().sum() > 0 for f in a for k, v in a[f].items() if "lora_B" in k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,sharing,stops",
     [
@@ -124,6 +126,7 @@ def test_signal_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, s
     _stop_resume_compare(cfg_path, tmp_path / "stopped", ref, stops)
 
 
+@pytest.mark.slow
 def test_signal_with_step0_eval_deferred(make_cfg, tmp_path):
     """Step 0's evaluation is deferred (another run of the cell holds its claim, marlflow.training.base_eval) and the
     signal comes at step 1, before any evaluation or checkpoint would fill it in: the stop fills it in first,
@@ -184,6 +187,7 @@ def test_second_signal_exits_at_once(preempt_installed):
     assert exit_.value.code == 128 + signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_checkpoints_of_another_config_are_not_resumed_from(make_cfg, tmp_path, caplog):
     """A changed cell of matrix.yaml reruns its run (the config is a Snakemake param). The rerun must train the
     new config from step 0, not resume the old config's checkpoints, which would splice two runs into one

@@ -41,6 +41,7 @@ def snakemake(*args, cwd=ROOT, check=True, timeout=300, venv_on_path=True):
     return out
 
 
+@pytest.mark.slow
 def test_slurm_profile_from_the_repository_root_plans_the_paper_matrix():
     """The exact command users are told to type: `--profile slurm` finds ./slurm -> profiles/slurm."""
     link = ROOT / "slurm"
@@ -56,6 +57,7 @@ def test_slurm_profile_from_the_repository_root_plans_the_paper_matrix():
     assert len(train) == 42 and all("gpu=1" in re.search(r"resources: (.*)", b)[1] for b in train)
 
 
+@pytest.mark.slow
 def test_shell_commands_take_their_paths_from_the_rule():
     """No output folder is spelled out in a shell line: --out/--figures/--pages/--tables come from {output}
     or {input}, so renaming an output cannot leave a command writing to the old place."""

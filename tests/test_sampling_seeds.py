@@ -116,6 +116,7 @@ STREAM = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workflow", "sharing", "fast"),
     [
@@ -137,6 +138,7 @@ def _by_call(episodes) -> dict:
     return {(e.problem.uid, e.rollout, c.slot): c.completion_ids for e in episodes for c in e.calls}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workflow", "sharing"), [("voting", "sp"), ("eval_opt", "ip")])
 def test_per_call_rollout_of_a_problem_does_not_depend_on_the_others(workflow, sharing):
     """What an N-rank run relies on: a problem's episodes under per_call are the same whether it is rolled out
@@ -240,6 +242,7 @@ def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))  # chi2 survival
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_per_call_first_token_follows_the_warped_softmax(temperature, top_p):
     """Over 5000 keys, the first token per_call samples for one prompt matches softmax(warped logits): a

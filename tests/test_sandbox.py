@@ -140,6 +140,7 @@ def test_pool_replaces_a_dead_worker():
     assert w.proc.poll() is not None
 
 
+@pytest.mark.slow
 def test_parallel_pool_runs_jobs_at_the_same_time():
     # Each job prints when it started and ended; overlap (not wall time) shows the workers ran concurrently.
     jobs = [
@@ -250,6 +251,7 @@ def test_expected_values_never_reach_the_worker():
     assert "the-expected-out" not in json.dumps([p.head, p.part])
 
 
+@pytest.mark.slow
 def test_stdio_output_is_compared_whole_up_to_the_limit():
     big = "".join(f"{i} {i * i}\n" for i in range(17000))  # ~170 KB
     prog = "for i in range(17000):\n    print(i, i * i)\n"
@@ -283,6 +285,7 @@ def _cli(tmp_path, *args):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_command_line_bad_arguments_give_one_json_line(tmp_path):
     (tmp_path / "sol.py").write_text(SQUARE)
     (tmp_path / "t.py").write_text("assert square(2) == 4\n")

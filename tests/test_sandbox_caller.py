@@ -177,6 +177,7 @@ def task():
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_through_score_verify_many_and_cli(name, task, tmp_path):
     code, tests, entry, expect, good = HOSTILE[name]
@@ -282,6 +283,7 @@ def test_names_and_arguments_behave_as_in_plain_python():
     assert [r.status for r in verify_many(wrong, cache=False)] == ["failed"] * 3
 
 
+@pytest.mark.slow
 def test_nondeterministic_program_is_never_cached():
     """A program right about 25% of the time gets about 25% with the cache too; a timeout is not kept."""
     code = "import random\n\ndef f():\n    return random.random() < 0.25\n"
@@ -339,6 +341,7 @@ def test_command_line_entry_point(tmp_path):
     assert out.returncode == 2 and json.loads(out.stdout)["status"] == "usage_error"
 
 
+@pytest.mark.slow
 def test_nothing_outlives_the_hostile_jobs():
     """After the hostile jobs above (and a fresh pool running them again), no process below this test
     process except the pools' own workers, and no sandbox working directory, is left."""

@@ -133,6 +133,7 @@ def test_corpus_is_big_enough():
     assert len(HOSTILE) >= 58
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [p.name for p in HOSTILE])
 def test_hostile_program_is_contained(results, name):
     r, expect = results["cases"][name]
@@ -152,6 +153,7 @@ def test_nothing_outlives_the_corpus(results, world):
     assert not [p for p in Path(world["OUTSIDE"]).iterdir() if p.name.startswith("pwned")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["infinite_loop.py", "write_outside.py", "fake_os_exit.py", "read_env_secret.py"]
 )

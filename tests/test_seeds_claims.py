@@ -236,6 +236,7 @@ def _null_summary(rng, n_seeds=3) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=SUMMARY_COLUMNS)
 
 
+@pytest.mark.slow
 def test_claims_rule_rarely_gives_a_verdict_under_the_null():
     """Family-wise: in <= 5% of simulated null matrices (3 seeds) does any validated claim get a verdict."""
     rng = np.random.default_rng(7)  # 2.75% of 400 (C3 1.0%, C4 0.75%, C5 1.0%, C1 0%)

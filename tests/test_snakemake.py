@@ -34,6 +34,7 @@ def job_counts(text):
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
+@pytest.mark.slow
 def test_local_default_plans_toy():
     # --forceall: the plan must not depend on what an earlier run left in results/
     out = snakemake("-n", "--forceall", "--profile", "profiles/local")
@@ -47,12 +48,14 @@ def test_local_default_plans_toy():
     }
 
 
+@pytest.mark.slow
 def test_local_paper_plans_42():
     out = snakemake("-n", "--forceall", "--profile", "profiles/local", "--config", "preset=paper")
     counts = job_counts(out.stdout)
     assert counts["train"] == 42 and counts["models"] == 3
 
 
+@pytest.mark.slow
 def test_toy_builds_get_their_own_model_folder_and_seed():
     # toy_seeds' build 1 trains from results/models/toy-b1, prepared with --seed 1; build 0 from the shipped model
     out = snakemake("-n", "--forceall", "-p", "--profile", "profiles/local", "--config", "preset=toy_seeds")
@@ -65,6 +68,7 @@ def test_toy_builds_get_their_own_model_folder_and_seed():
     assert clash.returncode == 2 and "drop --seed from toy_build" in clash.stderr, clash.stderr[-1500:]
 
 
+@pytest.mark.slow
 def test_config_restricts_axes():
     out = snakemake(
         "-n", "--profile", "profiles/local", "--config", "preset=smol", "workflows=[voting]", "tasks=[math]"
@@ -72,6 +76,7 @@ def test_config_restricts_axes():
     assert job_counts(out.stdout)["train"] == 2
 
 
+@pytest.mark.slow
 def test_slurm_profile_plans_paper_with_gpus_per_scale(tmp_path):
     # the shipped profile's slurm_account is CHANGE_ME, which is refused (tests/test_traps.py): a user's copy
     profile = tmp_path / "slurm"
@@ -98,11 +103,12 @@ def test_lint_clean():
     assert "Congratulations" in out.stdout + out.stderr and "Lints for" not in out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_invalid_matrix_same_message_as_cli(tmp_path):
     bad = tmp_path / "matrix.yaml"
     bad.write_text((ROOT / "matrix.yaml").read_text().replace("group_size: 8", "group_size: 1", 1))
     cli = subprocess.run(
-        [sys.executable, "-m", "marlflow.pipeline.matrix", str(bad)], capture_output=True, text=True
+        [sys.executable, "-m", "marlflow", "matrix", str(bad)], capture_output=True, text=True
     )
     out = snakemake("-n", "--profile", "profiles/local", "--config", f"matrix={bad}", check=False)
     assert cli.returncode == 2 and out.returncode == 2

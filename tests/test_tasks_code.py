@@ -32,6 +32,7 @@ def test_extract_code():
     assert extract_code("   ") is None
 
 
+@pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     task = get_task("humaneval")
     problems = task.load("test", TaskSpec(name="humaneval", test_file=str(HE)))

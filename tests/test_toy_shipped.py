@@ -88,6 +88,7 @@ def _chat_ids(tok):
     )
 
 
+@pytest.mark.slow
 def test_rebuilt_and_shipped_models_load_alike(tmp_path):
     """A rebuild (here a short one) goes through the same loader as the shipped model: same tokenizer kind,
     special tokens and chat template, same architecture; both generate. `build=True` builds even when the

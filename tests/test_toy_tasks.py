@@ -58,6 +58,7 @@ def test_corpus_labels_agree_with_the_verifier(name):
         assert e.meta["good"] == [i + 1 for i, s in enumerate(scores) if s]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TOY)
 def test_generator_corpus_mixes_careful_and_careless_styles(name):
     task, problems = get_task(name), _problems(name, "train", 400)

@@ -58,6 +58,7 @@ def _tensorboard_mirrors(run_dir: Path, steps: set[int]):
     return ea
 
 
+@pytest.mark.slow
 def test_tensorboard_mirrors_metrics_through_resume_and_backfill(make_cfg, tmp_path):
     from tensorboard.plugins.hparams import plugin_data_pb2
 

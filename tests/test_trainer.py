@@ -75,6 +75,7 @@ def test_two_step_run(make_cfg, tmp_path, workflow, sharing):
 EXPECTED_CALLS = {"single": 1, "voting": 2, "orch_workers": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["single", "voting", "orch_workers", "eval_opt"])
 def test_generation_is_batched_per_stage(make_cfg, tmp_path, workflow):
     """One generate call per policy per stage, whatever the number of episodes."""
@@ -166,6 +167,7 @@ def test_toy_code_step_runs_in_sandbox(make_cfg, tmp_path):
     assert acc.value.between(0, 1).all() and len(acc) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type,mb", [("grpo", 0), ("dapo", 0), ("bnpo", 0), ("grpo", 3), ("dapo", 3)])
 def test_skipping_zero_advantage_calls_keeps_trls_whole_batch_loss(make_cfg, tmp_path, loss_type, mb):
     """update() runs only calls with nonzero advantage, per role and slot, in length-sorted chunks of at most
@@ -217,6 +219,7 @@ def test_pieces_sort_each_slot_by_length_and_cap_chunks():
     assert pieces(list(range(7)), calls, 7)[0] == [[3, 2, 5, 0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["model", "bfloat16"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_shared_prefill_generates_what_a_full_prefill_does(make_cfg, tmp_path, temperature, dtype):
@@ -327,6 +330,7 @@ def _update_grads(trainer, calls, adv, **cfg_fields) -> dict[str, torch.Tensor]:
     return grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,sharing,loss_type",
     [("voting", "sp", "grpo"), ("eval_opt", "ip", "bnpo"), ("orch_workers", "ip", "dapo")],
@@ -373,6 +377,7 @@ def _checkpointing(model, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow,sharing", [("voting", "sp"), ("eval_opt", "ip")])
 def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp_path, workflow, sharing):
     """With decoder layers checkpointed, the trainer's log-probs (`TrlLoss.logps`, the loss's forward, which
@@ -428,6 +433,7 @@ def test_gradient_checkpointing_gives_the_same_logps_and_gradients(make_cfg, tmp
         torch.testing.assert_close(grads[True][p], g, atol=1e-5 * g.abs().max().item(), rtol=1e-4, msg=p)
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_run_generates_as_without_it(make_cfg, tmp_path):
     """gradient_checkpointing 'on' enables non-reentrant checkpointing on the training model; generation
     (eval mode, K/V cache) samples exactly what it samples without checkpointing, even right after a training

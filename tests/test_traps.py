@@ -78,6 +78,7 @@ def _snakemake(*args, cwd=ROOT, env=None):
                           timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "key,hint",
     [
@@ -100,6 +101,7 @@ def test_known_config_keys_pass():
                        "scale_resources": {}, "toy_build": "--build"})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_target_after_config_is_a_target():
     """`marlflow run -n --config preset=smoke TARGET`: Snakemake's --config swallowed the target and raised a
     traceback ("Config entries have to be defined as name=value pairs")."""
@@ -110,6 +112,7 @@ def test_a_target_after_config_is_a_target():
     assert "run_config" in out.stdout and "rule train" not in out.stdout  # only the target's job
 
 
+@pytest.mark.slow
 def test_slurm_account_placeholder_is_refused_before_any_job(tmp_path):
     """A copy of the repository with sbatch on PATH that records every call: the shipped profile (slurm_account:
     CHANGE_ME) exits 2 with where to set it, and sbatch is never called. Before: jobs were submitted and each
@@ -138,6 +141,7 @@ def test_slurm_account_placeholder_is_refused_before_any_job(tmp_path):
 # ---------------------------------------------------------------- each attempt keeps its log
 
 
+@pytest.mark.slow
 def test_a_retried_train_job_keeps_each_attempts_log(tmp_path):
     """Attempts of the train rule's command on one log path, where an attempt-1 log is already kept: the newest
     is LOG, the earlier one LOG.attempt-2, each with its own output. Before: `> {log}` truncated the killed
@@ -177,6 +181,7 @@ def test_output_folders_per_preset_and_slice():
     assert output_dir("matrix.yaml", None, {"sharing": "sp"}) == "results/slice-sharing-sp"
 
 
+@pytest.mark.slow
 def test_a_slice_writes_its_tables_and_report_under_its_own_folder():
     """Before: `--config workflows=[voting]` planned results/tables/* and results/report.html, overwriting the
     full matrix's tables and report with the slice's."""

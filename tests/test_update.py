@@ -104,6 +104,7 @@ def _step_rows(trainer, step):
     return m.sort_values(["split", "role", "metric"]).reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_state_dict_round_trip_gives_the_same_next_step(make_cfg, tmp_path):
     """A trainer's state_dict after step 1, loaded into a fresh trainer, gives the same step 2 (metrics and
     every adapter tensor) as the trainer it came from."""

@@ -87,6 +87,7 @@ def _train(make_cfg, tmp_path, task="toy_math", guard=False, scores=None, **task
 KEEP = ["step", "split", "role", "metric", "value"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "val, tests, restores",
     [

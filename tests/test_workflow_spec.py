@@ -161,6 +161,7 @@ def test_unknown_workflows_and_name_clashes_say_what_to_do(monkeypatch):
 # ---------------------------------------------------------------- specs against real episodes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow", [*BUILTIN, "debate"])
 def test_calls_per_episode_and_slots_match_real_episodes_on_the_toy_model(workflow, debate):
     """Every real episode's role calls are a sub-sequence of the spec's stages (same slots, roles, order),
@@ -204,6 +205,7 @@ def test_calls_per_episode_and_slots_match_real_episodes_on_the_toy_model(workfl
 # ---------------------------------------------------------------- a workflow outside marlflow
 
 
+@pytest.mark.slow
 def test_debate_workflow_trains_a_step_and_aggregates(debate, tmp_path):
     """The debate module is registered through MARLFLOW_WORKFLOWS only: nothing in src/ names it."""
     from marlflow.cli.train import run

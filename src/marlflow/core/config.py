@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 # Intervention kinds, their parameters and checks: marlflow.core.intervention_spec (one InterventionSpec each).
-from marlflow.core.intervention_spec import INTERVENTION_KINDS as INTERVENTION_KINDS
 from marlflow.core.intervention_spec import check_intervention as _check_intervention
 from marlflow.core.workflow_spec import spec_of, workflow_names
 
@@ -478,7 +477,7 @@ class RunConfig:
         training_only=True,
     )
     intervention_spec: dict = _field(
-        help="the intervention's definition {kind, parameters} (INTERVENTION_KINDS, marlflow.interventions), "
+        help="the intervention's definition {kind, parameters} (marlflow.core.intervention_spec, marlflow.interventions), "
         "from the preset's `interventions:` block; defaults filled in by check_intervention.",
         factory=lambda: {"kind": "none"},
         not_run_level=True,

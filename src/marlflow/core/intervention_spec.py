@@ -24,12 +24,11 @@ intervention; tests/test_interventions_train.py trains a step with it.
 from __future__ import annotations
 
 import math
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import import_module
 
+from marlflow.core.registry import env_modules, load_spec
 from marlflow.core.workflow_spec import spec_of as workflow_spec
 from marlflow.core.workflow_spec import specs as workflow_specs
 
@@ -261,29 +260,12 @@ def register(spec: InterventionSpec) -> InterventionSpec:
     return spec
 
 
-def _module_spec(module: str) -> InterventionSpec:
-    try:
-        spec = import_module(module).SPEC
-    except ModuleNotFoundError as err:
-        raise InterventionError(f"{ENV_VAR}: module {module!r} cannot be imported ({err}); put its folder on "
-                                "PYTHONPATH or fix the name") from err  # fmt: skip
-    except AttributeError as err:
-        raise InterventionError(
-            f"{ENV_VAR}: module {module!r} has no SPEC; define SPEC = InterventionSpec(...)"
-        ) from err
-    if not isinstance(spec, InterventionSpec):
-        raise InterventionError(
-            f"{ENV_VAR}: {module}.SPEC is a {type(spec).__name__}, not an InterventionSpec"
-        )
-    return spec
-
-
 def specs() -> dict[str, InterventionSpec]:
     """Every known kind, name -> spec: BUILTIN in order, then those named in MARLFLOW_INTERVENTIONS, then those
     given to register()."""
     out = {s.name: s for s in BUILTIN}
-    for mod in filter(None, (m.strip() for m in os.environ.get(ENV_VAR, "").split(","))):
-        register(_module_spec(mod))
+    for mod in env_modules(ENV_VAR):
+        register(load_spec(mod, InterventionSpec, ENV_VAR, InterventionError))
     out.update(_REGISTERED)
     return out
 
@@ -300,26 +282,6 @@ def spec_of(kind: str) -> InterventionSpec:
         raise InterventionError(f"intervention kind {kind!r} is unknown; choose one of {tuple(known)} (one "
                                 f"outside marlflow: name its module in {ENV_VAR})")  # fmt: skip
     return known[kind]
-
-
-class _Table(Mapping):
-    """The registry as a table, kind -> {parameter: (type, JSON-schema bounds, default)}, live (registered
-    kinds included): INTERVENTION_KINDS."""
-
-    def __getitem__(self, kind: str) -> dict:
-        known = specs()
-        if kind not in known:
-            raise KeyError(kind)
-        return {p: (q.type, dict(q.bounds), q.default) for p, q in known[kind].params.items()}
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(kinds())
-
-    def __len__(self) -> int:
-        return len(kinds())
-
-
-INTERVENTION_KINDS: Mapping[str, dict] = _Table()
 
 
 # ---------------------------------------------------------------- a definition, checked

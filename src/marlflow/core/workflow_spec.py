@@ -23,11 +23,11 @@ such a workflow; tests/test_workflow_spec.py trains it and aggregates its run.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import import_module
+
+from marlflow.core.registry import env_modules, load_spec
 
 # The workflows shipped with marlflow, as module names under marlflow.workflows, in the order tables, plots
 # and the report list them.
@@ -217,28 +217,18 @@ def register(spec: WorkflowSpec) -> WorkflowSpec:
     return spec
 
 
-def _module_spec(module: str, where: str) -> WorkflowSpec:
-    try:
-        spec = import_module(module).SPEC
-    except ModuleNotFoundError as err:
-        raise WorkflowError(f"{where}: module {module!r} cannot be imported ({err}); put its folder on "
-                            "PYTHONPATH or fix the name") from err  # fmt: skip
-    except AttributeError as err:
-        raise WorkflowError(
-            f"{where}: module {module!r} has no SPEC; define SPEC = WorkflowSpec(...)"
-        ) from err
-    if not isinstance(spec, WorkflowSpec):
-        raise WorkflowError(f"{where}: {module}.SPEC is a {type(spec).__name__}, not a WorkflowSpec")
-    return spec
-
-
 _BUILTIN: dict[str, WorkflowSpec] = {}
 
 
 def _builtin() -> dict[str, WorkflowSpec]:
     if not _BUILTIN:
         for mod in BUILTIN:
-            spec = _module_spec(f"marlflow.workflows.{mod}", "marlflow.core.workflow_spec.BUILTIN")
+            spec = load_spec(
+                f"marlflow.workflows.{mod}",
+                WorkflowSpec,
+                "marlflow.core.workflow_spec.BUILTIN",
+                WorkflowError,
+            )
             _BUILTIN[spec.name] = spec
     return _BUILTIN
 
@@ -247,9 +237,8 @@ def specs() -> dict[str, WorkflowSpec]:
     """Every known workflow, name -> spec: the built-in ones in BUILTIN order, then those named in
     MARLFLOW_WORKFLOWS, then those given to register()."""
     out = dict(_builtin())
-    for mod in filter(None, (m.strip() for m in os.environ.get(ENV_VAR, "").split(","))):
-        spec = _module_spec(mod, ENV_VAR)
-        register(spec)
+    for mod in env_modules(ENV_VAR):
+        register(load_spec(mod, WorkflowSpec, ENV_VAR, WorkflowError))
     out.update(_REGISTERED)
     baselines = [n for n, s in out.items() if s.baseline]
     if len(baselines) != 1:

@@ -58,6 +58,7 @@ import yaml
 
 from marlflow.core import config as C
 from marlflow.core.config import ConfigError, GRPOParams, RunConfig, TaskSpec
+from marlflow.core.intervention_spec import kinds as intervention_kinds
 from marlflow.core.workflow_spec import spec_of, workflow_names
 
 MAX_FILE_BYTES = 1_000_000  # matrix.yaml is ~7 KB
@@ -186,7 +187,7 @@ def schema() -> dict:
         d["when"]["properties"][a.name] = {"type": "array", "minItems": 1, "items": ref}
         if a.table:
             d["preset"]["properties"][a.table]["properties"] = {v: a.table_entry for v in a.allowed()}
-    d["intervention_def"]["properties"]["kind"]["enum"] = list(C.INTERVENTION_KINDS)
+    d["intervention_def"]["properties"]["kind"]["enum"] = list(intervention_kinds())
     d["intervention_analysis"]["properties"]["pair_by"]["items"]["enum"] = [
         a for a in AXES if a != "intervention"
     ]
@@ -542,7 +543,7 @@ def resolve_preset(doc: dict, preset: str, name: str = "matrix") -> dict:
                 f"{name}: presets.{preset}.axes.intervention",
                 f"lists {v!r}, which is not defined under presets.{preset}.interventions.{_did_you_mean(v, defined)} "
                 f"Define it there (e.g. `{v}: {{kind: coherence, lam: 0.3, window: 128}}`; kinds: "
-                f"{', '.join(C.INTERVENTION_KINDS)}) or use one of: {', '.join(['none', *defined])}.",
+                f"{', '.join(intervention_kinds())}) or use one of: {', '.join(['none', *defined])}.",
             )
     _check_analysis(out, preset, name)
     for a in (a for a in AXES.values() if a.table):

@@ -16,6 +16,7 @@ rule aggregate:
     input:
         metrics=expand("results/runs/{run_id}/metrics.parquet", run_id=RUN_IDS),
         done=expand("results/runs/{run_id}/DONE", run_id=RUN_IDS),
+        outcomes=expand("results/runs/{run_id}/outcomes.parquet", run_id=RUN_IDS),
     # OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's own folder.
     output:
         expand("{out}/tables/{name}", out=OUT, name=AGGREGATE_OUTPUTS),

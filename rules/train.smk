@@ -36,6 +36,7 @@ rule train:
     output:
         metrics="results/runs/{run_id}/metrics.parquet",
         samples="results/runs/{run_id}/samples.parquet",
+        outcomes="results/runs/{run_id}/outcomes.parquet",
         final=directory("results/runs/{run_id}/final"),
         done="results/runs/{run_id}/DONE",
     log:

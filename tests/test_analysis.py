@@ -498,7 +498,17 @@ def test_intervention_analysis_is_declared_in_the_preset():
     ia = analysis_of(_matrix_doc(), "toy_interventions")["interventions"]
     assert ia == {"baseline": "none", "compare": ["kl", "coh", "srn", "cg", "mb"], "statistic": "terminal_mean3",
                   "pair_by": ["workflow", "sharing", "scale", "task", "seed", "build"], "correction": "bonferroni"}  # fmt: skip
-    assert analysis_of(_matrix_doc(), "toy") == {}
+    # every toy preset declares its per-problem paired analysis (marlflow.analysis.paired) before its runs
+    assert analysis_of(_matrix_doc(), "toy") == {
+        "paired": {
+            "contrasts": ["sp-ip"],
+            "primary": "heldout",
+            "correction": "bonferroni",
+            "alpha": 0.05,
+            "mde": 0.15,
+        }
+    }
+    assert analysis_of(_matrix_doc(), "toy_interventions")["paired"]["contrasts"] == ["sp-ip", "itv-none"]
 
 
 @pytest.mark.parametrize(

@@ -49,11 +49,11 @@ def _reused(run_dir) -> float:
 
 
 def _same_run(a, b) -> None:
-    """Two runs of one config: equal metrics (timings and eval_reused aside), samples and final adapters."""
+    """Two runs of one config: equal metrics (timings and eval_reused aside), samples, per-problem outcomes
+    and final adapters."""
     pd.testing.assert_frame_equal(_metrics(a), _metrics(b))
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(a / "samples.parquet"), pd.read_parquet(b / "samples.parquet")
-    )
+    for name in ("samples.parquet", "outcomes.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / name), pd.read_parquet(b / name))
     fa, fb = sorted((a / "final").rglob("*.safetensors")), sorted((b / "final").rglob("*.safetensors"))
     assert len(fa) == len(fb) >= 1
     from safetensors.torch import load_file
@@ -78,6 +78,12 @@ def test_runs_of_a_cell_share_step0_and_end_as_if_alone(make_cfg, tmp_path, monk
         _metrics(cell / r).query("step == 0").drop(columns=FACTOR_COLUMNS) for r in (sp.run_id, ip.run_id)
     ]
     pd.testing.assert_frame_equal(*step0)
+    outcomes0 = [
+        pd.read_parquet(cell / r / "outcomes.parquet").query("step == 0").drop(columns=FACTOR_COLUMNS)
+        for r in (sp.run_id, ip.run_id)
+    ]
+    assert len(outcomes0[0]) == sp.task.eval_size + sp.task.val_size
+    pd.testing.assert_frame_equal(*outcomes0)
 
     # Another run holds the claim and never writes (it died): the run trains on, then evaluates its initial
     # adapters at its first evaluation, and ends bit-identical to the run alone.
@@ -100,6 +106,7 @@ def test_runs_of_a_cell_share_step0_and_end_as_if_alone(make_cfg, tmp_path, monk
             return None  # at step 0: still being computed
         src = base_eval.SharedBaseEval(ip, cell)  # written by the first evaluation: copy it into place
         self.samples.write_bytes(src.samples.read_bytes())
+        self.outcomes.write_bytes(src.outcomes.read_bytes())
         self.metrics.write_bytes(src.metrics.read_bytes())
         return read(self)
 

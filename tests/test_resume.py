@@ -78,8 +78,12 @@ def kill_and_resume(cfg, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
 
 
 def _assert_same_run(ref: Path, run: Path) -> tuple[dict, pd.DataFrame]:
-    """`run` ended bit-identical to `ref` (metrics except timings, every adapter tensor), every step once."""
+    """`run` ended bit-identical to `ref` (metrics except timings, per-problem outcomes, every adapter tensor),
+    every step once."""
     pd.testing.assert_frame_equal(_metrics(ref), _metrics(run))
+    outcomes = pd.read_parquet(run / "outcomes.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(ref / "outcomes.parquet"), outcomes)
+    assert len(outcomes) and not outcomes.duplicated(["step", "split", "uid"]).any()
     m = _metrics(run)
     assert not m.duplicated(["step", "split", "role", "metric"]).any()
     a, b = _adapters(ref), _adapters(run)

@@ -1,7 +1,7 @@
 """Aggregate finished runs into tables: `python -m marlflow aggregate --runs PATH... --out results/tables
 [--analysis JSON]`.
 
-PATHs are metrics.parquet files; the samples.parquet beside each is read if present. Writes, atomically and
+PATHs are metrics.parquet files; the samples.parquet and outcomes.parquet beside each are read if present. Writes, atomically and
 deterministically (sorted rows, no timestamps):
 
     summary.parquet, summary.csv, summary.md   one row per run (analysis.SUMMARY_COLUMNS)
@@ -15,6 +15,11 @@ deterministically (sorted rows, no timestamps):
     interventions.csv, interventions.md        each intervention minus the baseline, pooled over cells and
                                                replicates, as the preset declares it (--analysis: its matrix.yaml
                                                `analysis: {interventions: ...}`, which rules/aggregate.smk passes)
+    paired.csv, paired.md                      per-problem paired SP - IP and intervention - none differences at
+                                               the validation-chosen step and the terminal (analysis.paired; as
+                                               declared in `analysis: {paired: ...}`), from outcomes.parquet
+    paired_cliffs.csv                          per run: test outcomes at the validation-chosen step vs terminal,
+                                               exact McNemar (the paired cliff test)
 
 OUTPUTS lists every file; rules/aggregate.smk declares exactly these. With one seed per cell every CI is
 NaN in the csv/parquet; the md files then open with seeds.ONE_SEED_BANNER (how to get CIs) and show the
@@ -38,6 +43,7 @@ from marlflow.analysis import (
     summarize_runs,
 )
 from marlflow.analysis.claims import VERDICT_RULE, claims_table
+from marlflow.analysis.paired import check_declared, paired_cliffs, paired_contrasts, paired_markdown
 from marlflow.analysis.seeds import (
     CORRECTIONS,
     INTERVENTION_PRIMARY,
@@ -70,6 +76,9 @@ OUTPUTS = [
     "claims.md",
     "interventions.csv",
     "interventions.md",
+    "paired.csv",
+    "paired.md",
+    "paired_cliffs.csv",
 ]
 
 
@@ -83,15 +92,21 @@ DECLARED_KEYS = {"compare": "interventions", "statistic": "primary", "baseline":
                  "correction": "correction"}  # fmt: skip
 
 
+ANALYSES = ("interventions", "paired")  # what matrix.yaml `analysis:` may declare
+
+
 def check_analysis(analysis: object) -> None:
     """Raise ValueError naming what is wrong unless `analysis` is a declaration aggregate can compute: an
-    object with at most `interventions`, whose keys are DECLARED_KEYS and which lists `compare`."""
+    object with at most `interventions` (keys DECLARED_KEYS, listing `compare`) and `paired`
+    (analysis.paired.check_declared)."""
     if not isinstance(analysis, dict):
         raise ValueError("not a JSON object")
-    if set(analysis) - {"interventions"}:
+    if set(analysis) - set(ANALYSES):
         raise ValueError(
-            f"unknown analyses {sorted(set(analysis) - {'interventions'})}; known: interventions"
+            f"unknown analyses {sorted(set(analysis) - set(ANALYSES))}; known: {', '.join(ANALYSES)}"
         )
+    if "paired" in analysis:
+        check_declared(analysis["paired"])
     ia = analysis.get("interventions")
     if ia is None:
         return
@@ -115,13 +130,21 @@ def interventions_table(summary: pd.DataFrame, declared: dict | None) -> pd.Data
     return out
 
 
-def build_tables(metrics: pd.DataFrame, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
+def build_tables(
+    metrics: pd.DataFrame, analysis: dict | None = None, outcomes: pd.DataFrame | None = None
+) -> dict[str, pd.DataFrame]:
     """All aggregate tables from loaded runs: summary, failures, grad_dynamics, peak_terminal,
-    summary_by_cell, contrasts, claims, interventions. analysis: the preset's declared analyses
-    (marlflow.pipeline.matrix.analysis_of), {} or None when it declares none."""
+    summary_by_cell, contrasts, claims, interventions, and from their per-problem outcomes (load_outcomes;
+    None or empty: the paired tables are empty) paired and paired_cliffs. analysis: the preset's declared
+    analyses (marlflow.pipeline.matrix.analysis_of), {} or None when it declares none."""
     summary = summarize_runs(metrics)
     grads = grad_dynamics(metrics)
+    declared_pairs = (analysis or {}).get("paired")
+    pairs = paired_contrasts(outcomes, summary, declared_pairs)
+    pairs.attrs["declared"] = declared_pairs
     return {
+        "paired": pairs,
+        "paired_cliffs": paired_cliffs(outcomes, summary),
         "summary": summary,
         "failures": failure_signatures(metrics, summary),
         "grad_dynamics": grads,
@@ -178,6 +201,10 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
         interventions_heading(itv)
         + (markdown_table(itv, index=False) if len(itv) else "No run with an intervention.\n"),
     )
+    pairs = tables["paired"]
+    atomic_write_text(out / "paired.csv", csv_text(pairs))
+    atomic_write_text(out / "paired.md", paired_markdown(pairs, pairs.attrs.get("declared")))
+    atomic_write_text(out / "paired_cliffs.csv", csv_text(tables["paired_cliffs"]))
     return [out / name for name in OUTPUTS]
 
 

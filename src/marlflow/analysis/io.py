@@ -1,6 +1,7 @@
-"""Loading run outputs for analysis: metrics.parquet files plus the samples.parquet beside each.
+"""Loading run outputs for analysis: metrics.parquet files plus the samples.parquet and outcomes.parquet beside each.
 
     metrics, samples = load_runs(["results/runs/voting-ip-toy-math-s0/metrics.parquet", ...])
+    outcomes = load_outcomes([...the same paths...])
 
 Errors name the offending file. Duplicate metric rows (a resumed run re-logging a step) keep the last one.
 """
@@ -14,7 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from marlflow.store.schema import FACTOR_COLUMNS, METRIC_COLUMNS, SAMPLE_COLUMNS, read_metrics, with_build
+from marlflow.store.schema import (
+    FACTOR_COLUMNS,
+    METRIC_COLUMNS,
+    SAMPLE_COLUMNS,
+    outcomes_frame,
+    read_metrics,
+    with_build,
+)
 
 METRIC_KEY = ["run_id", "step", "split", "role", "metric"]
 
@@ -70,6 +78,13 @@ def _one_run_per_cell_and_seed(metrics: pd.DataFrame) -> None:
             "would be counted as one cell's seeds twice. Aggregate one preset's runs at a time (e.g. only "
             "results/runs/*-long*/metrics.parquet for toy_long)"
         )
+
+
+def load_outcomes(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
+    """The outcomes.parquet beside each metrics.parquet path, concatenated (OUTCOME_COLUMNS; runs trained
+    before outcomes were kept have none and are left out; an empty frame when no run has them)."""
+    frames = [pd.read_parquet(q) for p in paths if (q := Path(p).with_name("outcomes.parquet")).is_file()]
+    return outcomes_frame(pd.concat(frames, ignore_index=True) if frames else [])
 
 
 def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -1,4 +1,6 @@
-"""Aggregate finished runs into tables: `python -m marlflow aggregate --runs PATH... --out results/tables
+"""Aggregate finished runs into tables: `python -m marlflow aggregate --runs PATH... --out results/tables`
+
+PATHs are metrics.parquet files; the samples.parquet and outcomes.parquet beside each are read too.
 
 The `marlflow aggregate` command (also `python -m marlflow aggregate`); its library is `marlflow.analysis.aggregate`.
 """
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 from marlflow.analysis import load_runs
 from marlflow.analysis.aggregate import build_tables, check_analysis, write_tables
+from marlflow.analysis.io import load_outcomes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics, _ = load_runs(args.runs)
     except (ValueError, FileNotFoundError) as e:
         parser.exit(2, f"marlflow aggregate: error: {e}\n")
-    paths = write_tables(build_tables(metrics, analysis), args.out)
+    paths = write_tables(build_tables(metrics, analysis, load_outcomes(args.runs)), args.out)
     print(f"aggregated {metrics['run_id'].nunique()} runs into {len(paths)} files under {args.out}")
     return 0
 

@@ -10,6 +10,7 @@ first K problems of task T's test split (default: the run's own task and eval_si
     RUN/evals/<T>-step<N>.parquet           tidy metrics (marlflow.store.schema schema, split "eval"; the
                                             `task` column is T's kind, math or code)
     RUN/evals/<T>-step<N>-samples.parquet   the first few episodes in full (marlflow.store.schema.SAMPLE_COLUMNS)
+    RUN/evals/<T>-step<N>-outcomes.parquet  one row per problem (marlflow.store.schema.OUTCOME_COLUMNS)
     RUN/evals/<T>-step<N>.json              accuracy, its SE, n, the completion budget used, the share of
                                             role calls cut off at it, and any warning
 
@@ -40,7 +41,7 @@ import pandas as pd
 from marlflow.core.config import ConfigError, RunConfig, TaskSpec
 from marlflow.models.runs import RunError, find_checkpoint, load_policy_model, load_run, run_root
 from marlflow.store.atomic import atomic_write_json, atomic_write_parquet
-from marlflow.store.schema import SAMPLE_COLUMNS, write_metrics
+from marlflow.store.schema import SAMPLE_COLUMNS, write_metrics, write_outcomes
 from marlflow.tasks import get_task
 from marlflow.tasks.splits import eval_problems
 
@@ -106,9 +107,12 @@ def eval_config(cfg: RunConfig, task: str | None, n: int | None, test_file: str 
     return dataclasses.replace(cfg, task=spec, task_axis=kind)
 
 
-def output_paths(run_dir: Path, task: str, step: int) -> tuple[Path, Path]:
+def output_paths(run_dir: Path, task: str, step: int) -> tuple[Path, Path, Path]:
+    """The metrics, samples and outcomes files of an evaluation of `task` at `step`."""
     stem = run_dir / "evals" / f"{task}-step{step}"
-    return stem.with_name(stem.name + ".parquet"), stem.with_name(stem.name + "-samples.parquet")
+    return tuple(
+        stem.with_name(stem.name + end) for end in (".parquet", "-samples.parquet", "-outcomes.parquet")
+    )
 
 
 def _evaluate_checkpoint(ecfg: RunConfig, run_dir: Path, ckpt: Path | None, step: int):
@@ -169,7 +173,7 @@ def evaluate_run(
         ecfg = dataclasses.replace(ecfg, device=device)
     ev = _evaluate_checkpoint(ecfg, run_dir, ckpt, step)
     acc = ev.accuracy
-    metrics_path, samples_path = output_paths(run_dir, ecfg.task.name, step)
+    metrics_path, samples_path, outcomes_path = output_paths(run_dir, ecfg.task.name, step)
     metrics = pd.DataFrame(ev.metric_rows)
     roles = metrics[(metrics.role != "all") & metrics.metric.isin(["truncated_share", "calls"])]
     per_role = roles.pivot_table(index="role", columns="metric", values="value")
@@ -180,6 +184,7 @@ def evaluate_run(
     metrics = pd.concat([metrics, pd.DataFrame(extra)], ignore_index=True)
     write_metrics(metrics, metrics_path)
     atomic_write_parquet(pd.DataFrame(ev.sample_rows, columns=SAMPLE_COLUMNS), samples_path)
+    write_outcomes(ev.outcome_rows, outcomes_path)
     warnings = []
     if truncated > TRUNCATION_WARN:
         warnings.append(

@@ -12,8 +12,10 @@ An experiment's evidence is a folder results/evidence/<experiment>/ holding
                                         only where they trained there; for unrecorded runs it is all there is
                                         (cpu's flags: toybuild.cpu_info's kernel flags; folders collected
                                         before it list avx2, avx512f, avx512_bf16, amx_bf16, amx_tile only)
+    outcomes.parquet   every run's per-problem outcomes (marlflow.store.schema.OUTCOME_COLUMNS), where the runs
+                       kept them
     tables/<name>.md   the tables rendered from metrics.parquet (summary, summary_by_cell, contrasts, claims,
-                       interventions), exactly as `render` writes them
+                       interventions) and outcomes.parquet (paired, paired_cliffs), exactly as `render` writes them
 
     python -m marlflow evidence collect toy_slice --results /path/to/worktree/results \\
         --command "snakemake --profile profiles/local --config preset=toy workflows=[single,voting] tasks=[math]"
@@ -56,13 +58,18 @@ def cpu() -> dict:
     return {"model": info["cpu_model"], "flags": info["cpu_flags"], "cores": os.cpu_count()}
 
 
-def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
-    """name -> markdown of each TABLES table, computed from metrics rows by the aggregate step's code."""
+def tables_of(
+    metrics: pd.DataFrame, outcomes: pd.DataFrame | None = None, analysis: dict | None = None
+) -> dict[str, str]:
+    """name -> markdown of each TABLES table, computed from metrics rows by the aggregate step's code; with
+    per-problem outcomes also "paired" and "paired_cliffs" (analysis.paired; analysis: the preset's declared
+    analyses as provenance.json records them)."""
     from marlflow.analysis import markdown_table
     from marlflow.analysis.aggregate import build_tables
+    from marlflow.analysis.paired import paired_markdown
     from marlflow.analysis.seeds import ci_markdown, contrasts_markdown
 
-    t = build_tables(metrics)
+    t = build_tables(metrics, analysis, outcomes)
     shown = {
         "summary": t["summary"],
         "summary_by_cell": ci_markdown(t["summary_by_cell"]),
@@ -70,7 +77,11 @@ def tables_of(metrics: pd.DataFrame) -> dict[str, str]:
         "claims": t["claims"].drop(columns=["rule"]),
         "interventions": t["interventions"],
     }
-    return {name: markdown_table(df, index=False) for name, df in shown.items()}
+    out = {name: markdown_table(df, index=False) for name, df in shown.items()}
+    if outcomes is not None and len(outcomes):
+        out["paired"] = paired_markdown(t["paired"], (analysis or {}).get("paired"))
+        out["paired_cliffs"] = markdown_table(t["paired_cliffs"], index=False)
+    return out
 
 
 def _source(results: Path) -> tuple[list[Path], list[dict], dict, str]:
@@ -103,7 +114,13 @@ def _pipeline_summary(results: Path, run_ids: set[str]) -> pd.DataFrame | None:
     return None
 
 
-def collect(experiment: str, results: Path | list[Path], command: str, out_root: Path = EVIDENCE) -> Path:
+def collect(
+    experiment: str,
+    results: Path | list[Path],
+    command: str,
+    out_root: Path = EVIDENCE,
+    analysis: dict | None = None,
+) -> Path:
     """Copy an experiment's data (results/runs/*/metrics.parquet of one or several results/ folders) into
     out_root/experiment with provenance.json, then render its tables. Returns the folder.
 
@@ -115,7 +132,7 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
     import torch
 
     from marlflow.analysis import summarize_runs
-    from marlflow.analysis.io import load_runs
+    from marlflow.analysis.io import load_outcomes, load_runs
 
     folders = [results] if isinstance(results, Path | str) else list(results)
     sources = [(Path(f), *_source(Path(f))) for f in folders]
@@ -125,6 +142,9 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
     metrics, _ = load_runs(runs)
     out = out_root / experiment
     atomic_write_parquet(validate_metrics(metrics), out / "metrics.parquet")
+    outcomes = load_outcomes(runs)
+    if len(outcomes):
+        atomic_write_parquet(outcomes, out / "outcomes.parquet")
     pipeline = _pipeline_summary(sources[0][0], {c["run_id"] for c in configs}) if len(sources) == 1 else None
     summary = summarize_runs(validate_metrics(metrics)) if pipeline is None else pipeline
     atomic_write_parquet(summary, out / "summary.parquet")
@@ -152,6 +172,7 @@ def collect(experiment: str, results: Path | list[Path], command: str, out_root:
             "threads": sorted({c.get("threads", 1) for c in configs}),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
             "python": platform.python_version(),
+            "analysis": analysis or {},
         },
     )
     render(experiment, out_root)
@@ -165,7 +186,12 @@ def render(experiment: str, root: Path = EVIDENCE, check: bool = False) -> list[
     if not (folder / "metrics.parquet").is_file():
         raise FileNotFoundError(f"{folder / 'metrics.parquet'} is missing: run `collect {experiment}` first")
     # validate_metrics: data collected before a factor column existed (e.g. build) reads with its default
-    rendered = tables_of(validate_metrics(pd.read_parquet(folder / "metrics.parquet")))
+    outcomes = (
+        pd.read_parquet(folder / "outcomes.parquet") if (folder / "outcomes.parquet").is_file() else None
+    )
+    analysis = json.loads((folder / "provenance.json").read_text()).get("analysis") if (
+        folder / "provenance.json").is_file() else None  # fmt: skip
+    rendered = tables_of(validate_metrics(pd.read_parquet(folder / "metrics.parquet")), outcomes, analysis)
     changed = []
     for name, text in rendered.items():
         path = folder / "tables" / f"{name}.md"
@@ -196,12 +222,20 @@ def main(argv=None) -> int:
                    help="the results/ folder(s) the runs wrote (several: runs of one experiment made in several "
                    "checkouts; each one's commit is recorded)")  # fmt: skip
     c.add_argument("--command", required=True, help="the command that made the runs, for provenance.json")
+    c.add_argument("--preset", default=None,
+                   help="the matrix.yaml preset the runs belong to: its declared `analysis:` (before the runs) is "
+                   "recorded in provenance.json and decides the paired tables (default: none declared)")  # fmt: skip
     r = sub.add_parser("render", help="regenerate results/evidence/<experiment>/tables/*.md")
     r.add_argument("experiment")
     r.add_argument("--check", action="store_true", help="compare with the committed tables instead")
     args = ap.parse_args(argv)
     if args.verb == "collect":
-        print(collect(args.experiment, args.results, args.command))
+        analysis = None
+        if args.preset:
+            from marlflow.pipeline.matrix import analysis_of
+
+            analysis = analysis_of(str(ROOT / "matrix.yaml"), args.preset)
+        print(collect(args.experiment, args.results, args.command, analysis=analysis))
         return 0
     changed = render(args.experiment, check=args.check)
     if args.check and changed:

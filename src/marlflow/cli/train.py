@@ -7,6 +7,8 @@ RUN_DIR/checkpoints. Outputs, each written atomically, DONE last:
 
     RUN_DIR/metrics.parquet   tidy metrics (marlflow.store.schema schema)
     RUN_DIR/samples.parquet   a few full eval episodes per evaluation (every role's prompt and output)
+    RUN_DIR/outcomes.parquet  every evaluation's per-problem outcomes, test and validation, step 0 included
+                              (marlflow.store.schema.OUTCOME_COLUMNS)
     RUN_DIR/checkpoints/step-N/adapters/<policy>/   LoRA adapters (PEFT format) + optimizer/RNG state
     RUN_DIR/final/<policy>/   the last step's adapters for PeftModel.from_pretrained + model card (marlflow.training.final)
     RUN_DIR/DONE              JSON with the final step and accuracy
@@ -123,6 +125,7 @@ def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
         return metrics
     write_metrics(metrics, out_dir / "metrics.parquet")
     atomic_write_parquet(trainer.samples_frame(), out_dir / "samples.parquet")
+    atomic_write_parquet(trainer.outcomes_frame(), out_dir / "outcomes.parquet")
     write_final(out_dir, cfg, metrics)
     acc = metrics[(metrics.split == "eval") & (metrics.role == "all") & (metrics.metric == "accuracy")]
     atomic_write_json(out_dir / "DONE", {"run_id": cfg.run_id, "steps": trainer.step,

@@ -639,15 +639,15 @@ class RunConfig:
         help='where a role call\'s sampled tokens get their randomness. "stream" (default): the hf backend '
         "draws every batch from torch's global RNG (seeded and checkpointed by the trainer) and vLLM seeds "
         "each request from (rollout seed, stage, position in the stage's batch), so a call's tokens depend on "
-        "which other calls share its batch and in what order. The committed toy evidence was sampled this "
-        'way, so it stays the default until that evidence is regenerated. "per_call": each call draws its '
+        "which other calls share its batch and in what order. The RunConfig default, so that configs written "
+        'before per_call existed keep their meaning and hash. "per_call": each call draws its '
         "tokens from its own key, marlflow.generation.sampling.call_seed(rollout seed, purpose "
         "train/eval/val, problem uid, slot, rollout index), one counter-based uniform per token position: its "
         "tokens are a pure function of that key and of the logits, whatever else is in the batch, its order, "
         "or the process (rank) it runs in, so an N-rank run samples a 1-rank run's episodes (as far as the "
         'logits agree to the last bit; docs/reference.md, "Where sampling\'s randomness comes from"). Same '
         'distribution as "stream" (same temperature / top-p warping; tests/test_sampling_seeds.py); greedy '
-        "decoding is unaffected. The paper presets set it.",
+        "decoding is unaffected. The toy and paper presets of matrix.yaml set it.",
         enum=SAMPLING_SEEDS,
         omitted_at_default=True,
     )

@@ -35,6 +35,18 @@ VOLATILE_METRICS = ("step_time", "time_generate", "time_score", "time_backward",
 # samples.parquet: a few full eval episodes per evaluation, one row per role call.
 SAMPLE_COLUMNS = [*FACTOR_COLUMNS, "step", "episode", "uid", "slot", "role", "prompt", "output", "reward",
                   "format_failure"]  # fmt: skip
+# outcomes.parquet: every evaluation's per-problem outcome, one row per (step, split, problem), what paired
+# inference needs (marlflow.analysis.paired: SP vs IP on the same problems, peak vs terminal of one run).
+# reward: the episode's reward; correct: full reward; completion_tokens: summed over the episode's calls;
+# calls / truncated_calls / format_failures: counts over its calls (truncated: cut at the completion budget);
+# finish_reason: "length" when any call was truncated, else "stop"; candidates / candidates_correct: the
+# parallel role's candidate answers and how many were right (Voting, Orch-Workers, test split only; 0 / 0
+# elsewhere); rounds: Eval-Opt's generator rounds (1 elsewhere).
+OUTCOME_COLUMNS = [*FACTOR_COLUMNS, "step", "split", "uid", "reward", "correct", "completion_tokens", "calls",
+                   "truncated_calls", "format_failures", "finish_reason", "candidates", "candidates_correct",
+                   "rounds"]  # fmt: skip
+OUTCOME_INTS = ("seed", "build", "step", "completion_tokens", "calls", "truncated_calls", "format_failures",
+                "candidates", "candidates_correct", "rounds")  # fmt: skip
 
 SCHEMA = pa.schema(
     [
@@ -87,6 +99,31 @@ def validate_metrics(df: pd.DataFrame) -> pd.DataFrame:
 
 def write_metrics(df: pd.DataFrame, path: str | os.PathLike) -> None:
     atomic_write_parquet(validate_metrics(df), path, schema=SCHEMA)
+
+
+def outcomes_frame(records: Iterable[Mapping] | pd.DataFrame) -> pd.DataFrame:
+    """Outcome rows (OUTCOME_COLUMNS; records or a frame) as a frame with fixed dtypes (an empty one has them
+    too): counts int64, reward float64, correct bool, the rest strings; dictionary-encoded in parquet, so a
+    run's file stays small."""
+    if isinstance(records, pd.DataFrame):
+        df = with_build(records).reindex(columns=OUTCOME_COLUMNS)
+    else:
+        df = pd.DataFrame(list(records), columns=OUTCOME_COLUMNS)
+    for col in OUTCOME_COLUMNS:
+        if col in OUTCOME_INTS:
+            df[col] = df[col].astype("int64")
+        elif col == "reward":
+            df[col] = df[col].astype("float64")
+        elif col == "correct":
+            df[col] = df[col].astype(bool)
+        else:
+            df[col] = df[col].astype(str)
+    return df
+
+
+def write_outcomes(records: Iterable[Mapping], path: str | os.PathLike) -> None:
+    """Write outcome rows to `path` atomically (see outcomes_frame)."""
+    atomic_write_parquet(outcomes_frame(records), path)
 
 
 def read_metrics(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:

@@ -10,6 +10,7 @@ when RunConfig.fastgen is false, the reference one (marlflow.generation.fastgen)
 
     RUNS/.base-evals/<key>.parquet          the evaluation's metric rows (marlflow.store.schema schema)
     RUNS/.base-evals/<key>-samples.parquet  its sample rows
+    RUNS/.base-evals/<key>-outcomes.parquet its per-problem outcome rows
     RUNS/.base-evals/<key>.claim            exists while a run computes it
 
 where RUNS is the folder holding the run folders (results/runs). No locks, so that it works on cluster
@@ -42,7 +43,7 @@ import pandas as pd
 
 from marlflow.core.config import GRPOParams, RunConfig, fields_with
 from marlflow.store.atomic import atomic_write_parquet
-from marlflow.store.schema import FACTOR_COLUMNS
+from marlflow.store.schema import FACTOR_COLUMNS, write_outcomes
 
 LIBRARIES = ("torch", "transformers", "peft", "trl", "vllm", "math-verify")
 FOLDER = ".base-evals"
@@ -117,16 +118,19 @@ class SharedBaseEval:
         k = key(cfg)
         self.metrics = root / f"{k}.parquet"
         self.samples = root / f"{k}-samples.parquet"
+        self.outcomes = root / f"{k}-outcomes.parquet"
         self.claim_path = root / f"{k}.claim"
         self.claimed = False
 
-    def read(self) -> tuple[list[dict], list[dict]] | None:
-        """(metric rows, sample rows) relabelled with this run's factors, or None when not computed yet."""
-        if not (self.metrics.exists() and self.samples.exists()):  # metrics are written last
+    def read(self) -> tuple[list[dict], list[dict], list[dict]] | None:
+        """(metric rows, sample rows, outcome rows) relabelled with this run's factors, or None when not
+        computed yet (or computed before outcomes were kept: computed anew)."""
+        paths = (self.metrics, self.samples, self.outcomes)
+        if not all(p.exists() for p in paths):  # metrics are written last
             return None
-        own = self.cfg.factors
+        own = {"build": 0, **self.cfg.factors}
         out = []
-        for path in (self.metrics, self.samples):
+        for path in paths:
             try:
                 frame = pd.read_parquet(path)
             except (OSError, ValueError) as err:  # not a parquet file (copied in, or damaged): compute anew
@@ -135,7 +139,7 @@ class SharedBaseEval:
             for c in FACTOR_COLUMNS:
                 frame[c] = own[c]
             out.append(frame.to_dict("records"))
-        return out[0], out[1]
+        return out[0], out[1], out[2]
 
     def claim(self) -> bool:
         """True if this run now holds the claim to compute the result (an exclusive create)."""
@@ -147,8 +151,15 @@ class SharedBaseEval:
         self.claimed = True
         return True
 
-    def write(self, metric_rows: list[dict], sample_rows: list[dict], sample_columns: list[str]) -> None:
+    def write(
+        self,
+        metric_rows: list[dict],
+        sample_rows: list[dict],
+        sample_columns: list[str],
+        outcome_rows: list[dict],
+    ) -> None:
         atomic_write_parquet(pd.DataFrame(sample_rows, columns=sample_columns), self.samples)
+        write_outcomes(outcome_rows, self.outcomes)
         atomic_write_parquet(pd.DataFrame(metric_rows), self.metrics)
         # A claim left by a run that died before writing is stale now; the result is there.
         self.claim_path.unlink(missing_ok=True)

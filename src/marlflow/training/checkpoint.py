@@ -6,6 +6,7 @@
                        (marlflow.interventions.State), the Python / NumPy / torch / CUDA RNG states, step
                        and NaN streak
     metrics.parquet    the metric rows so far; samples.parquet: the sample rows so far
+    outcomes.parquet   the per-problem outcome rows so far
     COMPLETE           written last; a folder without it is never resumed from. JSON: the step, the run
                        config's training identity and its fingerprint (marlflow.core.config), the rank count
 It is written to `.step-N.tmp` and renamed into place, so a kill at any moment leaves the newest complete
@@ -48,7 +49,7 @@ import torch
 from marlflow.core.config import config_differences, config_fingerprint, training_identity
 from marlflow.models.runs import adapter_dir, base_model_id, checkpoints, set_base_model
 from marlflow.store.atomic import atomic_write_json, atomic_write_parquet
-from marlflow.store.schema import SAMPLE_COLUMNS, write_metrics
+from marlflow.store.schema import SAMPLE_COLUMNS, write_metrics, write_outcomes
 from marlflow.training import distributed
 
 log = logging.getLogger("marlflow.training.checkpoint")
@@ -122,9 +123,11 @@ def _write(trainer, tmp: Path) -> None:
         set_base_model(adapter_dir(tmp / "adapters", p), base)
     state = trainer.state_dict()
     metric_rows, sample_rows = state.pop("metric_rows"), state.pop("sample_rows")
+    outcome_rows = state.pop("outcome_rows")
     torch.save(state, tmp / "state.pt")
     write_metrics(pd.DataFrame(metric_rows), tmp / "metrics.parquet")
     atomic_write_parquet(pd.DataFrame(sample_rows, columns=SAMPLE_COLUMNS), tmp / "samples.parquet")
+    write_outcomes(outcome_rows, tmp / "outcomes.parquet")
     cfg = trainer.cfg.to_dict()
     atomic_write_json(
         tmp / "COMPLETE",
@@ -154,6 +157,12 @@ def restore(trainer) -> bool:
     state = torch.load(ckpt / "state.pt", weights_only=False)
     state["metric_rows"] = pd.read_parquet(ckpt / "metrics.parquet").to_dict("records")
     state["sample_rows"] = pd.read_parquet(ckpt / "samples.parquet").to_dict("records")
+    if (ckpt / "outcomes.parquet").exists():  # checkpoints written before outcomes existed have none
+        state["outcome_rows"] = pd.read_parquet(ckpt / "outcomes.parquet").to_dict("records")
+    else:
+        log.warning(
+            "%s holds no outcomes.parquet: the evaluations before it keep no per-problem outcomes", ckpt
+        )
     trainer.load_state_dict(state)  # also publishes the restored adapters to the rollout engine
     log.info("resumed from %s", ckpt)
     return True

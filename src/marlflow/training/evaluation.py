@@ -2,7 +2,7 @@
 
     ev = evaluate(cfg, task, backend, encoder, problems, step, base=False)   # test split: rows "eval"
     ev = validate(cfg, task, backend, encoder, problems, step, base=False)   # validation: rows "val"
-    ev.metric_rows, ev.sample_rows, ev.accuracy
+    ev.metric_rows, ev.sample_rows, ev.outcome_rows, ev.accuracy
 
 One episode per problem at grpo.eval_temperature. Sampling uses its own seeded RNG stream (identical at every
 evaluation) and leaves the training RNG untouched, so evaluating never changes what training does next:
@@ -29,7 +29,7 @@ import torch
 from marlflow import workflows
 from marlflow.core.definitions import solution_marker
 from marlflow.core.workflow_spec import spec_of
-from marlflow.store.schema import rows
+from marlflow.store.schema import FACTOR_COLUMNS, rows
 from marlflow.tasks.solution_metrics import solution_metrics
 from marlflow.training import distributed
 from marlflow.training import rollout as ro
@@ -40,12 +40,13 @@ VAL_SEED_OFFSET = 2_000_003  # the validation evaluation's sampling stream: not 
 
 @dataclasses.dataclass
 class Evaluation:
-    """An evaluation's metric rows (marlflow.store.schema schema), sample rows (SAMPLE_COLUMNS; test only) and
-    accuracy (mean episode reward)."""
+    """An evaluation's metric rows (marlflow.store.schema schema), sample rows (SAMPLE_COLUMNS; test only),
+    accuracy (mean episode reward) and per-problem outcome rows (OUTCOME_COLUMNS; test and validation)."""
 
     metric_rows: list[dict]
     sample_rows: list[dict]
     accuracy: float
+    outcome_rows: list[dict] = dataclasses.field(default_factory=list)
 
 
 def accuracy(episodes: list) -> dict:
@@ -110,7 +111,8 @@ def eval_rows(cfg, task, step: int, eps: list, t0: float, tok) -> Evaluation:
     values.update(solution_metrics(task, solved))
     values["time_eval"] = time.perf_counter() - t0  # rollout and scoring of the eval set, wall seconds
     metric_rows = rows(cfg.factors, step, "eval", "all", values) + _role_rows(cfg, step, eps)
-    return Evaluation(metric_rows, sample_rows(cfg, step, eps, tok), values["accuracy"])
+    return Evaluation(metric_rows, sample_rows(cfg, step, eps, tok), values["accuracy"],
+                      outcome_rows(cfg, step, "eval", eps))  # fmt: skip
 
 
 @torch.no_grad()
@@ -120,7 +122,28 @@ def validate(cfg, task, backend, encoder, problems: list, step: int, base: bool 
     t0 = time.perf_counter()
     eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base, "val")
     values = {**accuracy(eps), "time_eval": time.perf_counter() - t0}
-    return Evaluation(rows(cfg.factors, step, "val", "all", values), [], values["accuracy"])
+    return Evaluation(rows(cfg.factors, step, "val", "all", values), [], values["accuracy"],
+                      outcome_rows(cfg, step, "val", eps))  # fmt: skip
+
+
+def outcome_rows(cfg, step: int, split: str, eps: list) -> list[dict]:
+    """One row per episode (= per problem: evaluations run one episode each) in OUTCOME_COLUMNS
+    (marlflow.store.schema, which says what each column is); split "eval" (test) or "val"."""
+    factors = {"build": 0, **cfg.factors}
+    budget = cfg.grpo.max_completion_length
+    out = []
+    for e in eps:
+        lengths = [len(c.completion_ids) for c in e.calls]
+        truncated = sum(n >= budget for n in lengths)
+        cands = e.info.get("candidate_scores", [])
+        out.append({**{c: factors[c] for c in FACTOR_COLUMNS}, "step": int(step), "split": split,
+                    "uid": str(e.problem.uid), "reward": float(e.reward), "correct": e.reward >= 1.0,
+                    "completion_tokens": sum(lengths), "calls": len(e.calls), "truncated_calls": truncated,
+                    "format_failures": sum(c.format_failure for c in e.calls),
+                    "finish_reason": "length" if truncated else "stop", "candidates": len(cands),
+                    "candidates_correct": sum(x >= 1.0 for x in cands),
+                    "rounds": int(e.info.get("rounds", 1))})  # fmt: skip
+    return out
 
 
 def _role_rows(cfg, step: int, eps: list) -> list[dict]:

@@ -51,7 +51,7 @@ from transformers import get_scheduler
 from marlflow import interventions as itv
 from marlflow.generation.fastgen import use_gqa_sdpa
 from marlflow.generation.hf import ChatEncoder, make_backend
-from marlflow.store.schema import SAMPLE_COLUMNS, rows
+from marlflow.store.schema import SAMPLE_COLUMNS, outcomes_frame, rows
 from marlflow.tasks.splits import run_splits
 from marlflow.training import checkpoint, distributed, environment, evaluation, preempt
 from marlflow.training import rollout as ro
@@ -148,6 +148,7 @@ class MultiAgentGRPOTrainer:
         self.nan_streak = 0
         self.metric_rows: list[dict] = []
         self.sample_rows: list[dict] = []
+        self.outcome_rows: list[dict] = []  # every evaluation's per-problem outcomes (OUTCOME_COLUMNS)
         self._gap_warned = False
         # role -> EMA of its own-loss gradient (flat, fp32, on the adapter's device); checkpointed, so a
         # resumed run logs the same ema_cos as an uninterrupted one.
@@ -328,15 +329,19 @@ class MultiAgentGRPOTrainer:
             return ev
         val = evaluation.validate(*args, self.val_problems, step, base)
         log.info("step %d validation accuracy %.3f (n=%d)", step, val.accuracy, len(self.val_problems))
-        return dataclasses.replace(ev, metric_rows=ev.metric_rows + val.metric_rows)
+        return dataclasses.replace(
+            ev, metric_rows=ev.metric_rows + val.metric_rows, outcome_rows=ev.outcome_rows + val.outcome_rows
+        )
 
     def _place(self, ev: evaluation.Evaluation, first: bool = False) -> None:
         """Put an evaluation's rows into the run's tables: after the rows so far, or (first) before them."""
         if first:
             self.metric_rows[:0], self.sample_rows[:0] = ev.metric_rows, ev.sample_rows
+            self.outcome_rows[:0] = ev.outcome_rows
         else:
             self.metric_rows += ev.metric_rows
             self.sample_rows += ev.sample_rows
+            self.outcome_rows += ev.outcome_rows
 
     def _after_eval(self) -> None:
         """The intervention's hook after the evaluation of `self.step` (marlflow.interventions; cliff_guard keeps
@@ -416,19 +421,19 @@ class MultiAgentGRPOTrainer:
             self.backend.on_update()
         return self._step0_evaluation(*got, reused=False)
 
-    def _compute_base_eval(self, shared: SharedBaseEval) -> tuple[list[dict], list[dict]]:
+    def _compute_base_eval(self, shared: SharedBaseEval) -> tuple[list[dict], list[dict], list[dict]]:
         """Evaluate step 0 and write it for the cell (rank 0: the others evaluate their share of the problems);
-        returns its (metric rows, sample rows), as `SharedBaseEval.read` does."""
+        returns its (metric rows, sample rows, outcome rows), as `SharedBaseEval.read` does."""
         try:
             ev = self.evaluate_workflow(0, base=True)
             if distributed.is_main():
-                shared.write(ev.metric_rows, ev.sample_rows, SAMPLE_COLUMNS)
-            return ev.metric_rows, ev.sample_rows
+                shared.write(ev.metric_rows, ev.sample_rows, SAMPLE_COLUMNS, ev.outcome_rows)
+            return ev.metric_rows, ev.sample_rows, ev.outcome_rows
         finally:
             shared.release()
 
     def _step0_evaluation(
-        self, metric_rows, sample_rows, reused: bool, seconds: float | None = None
+        self, metric_rows, sample_rows, outcome_rows, reused: bool, seconds: float | None = None
     ) -> evaluation.Evaluation:
         """Step 0's rows as this run logs them, flagged eval_reused, and its accuracy. seconds: this run's own
         time for step 0's evaluation (the read), replacing the time_eval of the run that computed it."""
@@ -439,14 +444,14 @@ class MultiAgentGRPOTrainer:
                    if r["split"] == "eval" and r["metric"] == "accuracy" and r["role"] == "all")  # fmt: skip
         log.info("step 0 eval accuracy %.3f (n=%d, %s)", acc, len(self.eval_problems),
                  "read from the cell's shared step-0 evaluation" if reused else "computed here")  # fmt: skip
-        return evaluation.Evaluation([*metric_rows, *flag], sample_rows, acc)
+        return evaluation.Evaluation([*metric_rows, *flag], sample_rows, acc, outcome_rows)
 
     # ------------------------------------------------------------------ checkpoints and resume
 
     def state_dict(self) -> dict:
         """Everything a checkpoint holds (marlflow.training.checkpoint), by reference: step, nan_streak, each policy's
         adapter weights, AdamW and scheduler states, the per-role gradient EMAs, the intervention's state, the
-        process's RNG states (checkpoint.rng_state) and the metric and sample rows so far."""
+        process's RNG states (checkpoint.rng_state) and the metric, sample and outcome rows so far."""
         return {
             "step": self.step,
             "nan_streak": self.nan_streak,
@@ -458,6 +463,7 @@ class MultiAgentGRPOTrainer:
             "rng": checkpoint.rng_state(),
             "metric_rows": self.metric_rows,
             "sample_rows": self.sample_rows,
+            "outcome_rows": self.outcome_rows,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -475,6 +481,7 @@ class MultiAgentGRPOTrainer:
         self.grad_ema = state.get("grad_ema", {})
         self.itv.load_state_dict(state.get("interventions", {}))
         self.metric_rows, self.sample_rows = list(state["metric_rows"]), list(state["sample_rows"])
+        self.outcome_rows = list(state.get("outcome_rows", []))  # absent in checkpoints written before them
         self.backend.on_update()
 
     def save_checkpoint(self) -> Path | None:
@@ -488,6 +495,9 @@ class MultiAgentGRPOTrainer:
 
     def samples_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.sample_rows, columns=SAMPLE_COLUMNS)
+
+    def outcomes_frame(self) -> pd.DataFrame:
+        return outcomes_frame(self.outcome_rows)
 
     # ------------------------------------------------------------------ the loop
 

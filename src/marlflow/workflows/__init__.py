@@ -121,12 +121,15 @@ def eval_metrics(workflow: str, episodes: list[Episode], task) -> dict[str, floa
 
 def candidate_metrics(episodes: list[Episode], task, key: str) -> dict[str, float]:
     """Voting / Orch-Workers: `any_correct` (an episode has at least one correct candidate) and `key` (mean
-    score of every candidate). The picked Voting candidate is the episode's final, already scored: reused."""
+    score of every candidate). The picked Voting candidate is the episode's final, already scored: reused.
+    Each episode's candidate scores are left in its info["candidate_scores"]."""
     finals = {(id(e), e.final): e.reward for e in episodes}
     todo = [(e, c) for e in episodes for c in e.info.get("candidates", []) if (id(e), c) not in finals]
     fresh = iter(task.score([e.problem for e, _ in todo], [c for _, c in todo]) if todo else [])
     per_ep = [[finals[(id(e), c)] if (id(e), c) in finals else next(fresh) for c in e.info.get("candidates", [])]
               for e in episodes]  # fmt: skip
+    for e, s in zip(episodes, per_ep):  # kept for the evaluation's per-problem outcomes (candidates_correct)
+        e.info["candidate_scores"] = s
     scores = [s for ep in per_ep for s in ep]
     return {
         "any_correct": sum(bool(s) and max(s) > 0 for s in per_ep) / len(episodes),

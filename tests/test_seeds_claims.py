@@ -185,18 +185,26 @@ def grads(n_seeds: int) -> pd.DataFrame:
 
 def test_claims_verdicts():
     c = claims_table(summary(3), grads(3)).set_index("claim")
-    assert list(c.index) == [f"C{i}" for i in range(1, 8)]
-    # a share of 1 in every seed, and an IP - SP peak of exactly 0.1 in every seed: zero-width intervals,
-    # which say nothing about the variance a new seed would show: inconclusive, never supported
-    assert c.loc["C1", "value"] == 1.0 and c.loc["C1", "n_cells"] == 6
-    assert c.loc["C1", "ci_lo"] == c.loc["C1", "ci_hi"] and c.loc["C1", "verdict"] == "inconclusive"
+    assert list(c.index) == [f"C{i}" for i in range(1, 8)]  # one task: no "C3 <task>" rows
+    # C1 counts runs: 18 of 18 multi-agent runs escape stagnation, an exact binomial test against 0.5 (the
+    # Clopper-Pearson bound 0.00625^(1/18) = 0.754): unanimity over many runs is evidence, not a zero width
+    assert c.loc["C1", "value"] == 1.0 and c.loc["C1", "n_cells"] == 18 and c.loc["C1", "ci_hi"] == 1.0
+    assert c.loc["C1", "ci_lo"] == pytest.approx(0.00625 ** (1 / 18))
+    assert c.loc["C1", "verdict"] == "supported"
+    # an IP - SP peak of exactly 0.1 in every seed: a zero-width t-interval, which says nothing about the
+    # variance a new seed would show: inconclusive, never supported
     assert c.loc["C3", "value"] == pytest.approx(0.1) and c.loc["C3", "verdict"] == "inconclusive"
-    # 0/1 rates pooled over seeds with Newcombe intervals (18 SP/IP pairs; 6 vs 3 IP runs)
-    assert c.loc["C4", "value"] == pytest.approx(2 / 3) and c.loc["C4", "verdict"] == "supported"
+    assert math.isnan(c.loc["C3", "mde"])  # no spread across replicates: no power to state
+    # 0/1 rates pooled over seeds: C4 paired (9 SP/IP pairs, Tango), C5 independent (6 vs 3 IP runs, Newcombe).
+    # C4's 6 discordant pairs all IP-only are not enough at 1 - 0.05/4: even the exact McNemar test gives
+    # p = 2 / 2^6 = 0.031 > 0.0125; with 6 seeds (12 of 12) it is supported
+    assert c.loc["C4", "value"] == pytest.approx(2 / 3) and c.loc["C4", "verdict"] == "inconclusive"
+    assert claims_table(summary(6), grads(6)).set_index("claim").loc["C4", "verdict"] == "supported"
     assert c.loc["C4", "n_cells"] == 9 and -1 <= c.loc["C4", "ci_lo"] < 2 / 3 < c.loc["C4", "ci_hi"] <= 1
     assert (
         c.loc["C5", "value"] == 1.0 and c.loc["C5", "verdict"] == "supported" and c.loc["C5", "ci_hi"] == 1.0
     )
+    assert (c.loc[["C1", "C4", "C5"], "mde"] > 0).all() and c.loc[["C2", "C6", "C7"], "mde"].isna().all()
     # statistics not validated to measure their claim are descriptive whatever their interval says
     assert c.loc["C6", "value"] == pytest.approx(0.45) and c.loc["C6", "verdict"] == "descriptive"
     assert c.loc["C7", "value"] == pytest.approx(0.4) and c.loc["C7", "n_seeds"] == 3
@@ -222,30 +230,25 @@ def test_rate_difference_intervals_fit_0_1_data():
     assert d == 0 and lo < 0 < hi
 
 
-def _null_summary(rng, n_seeds=3) -> pd.DataFrame:
-    """A toy-shaped summary where every validated claim's null holds: stagnation a coin flip (C1's null share
-    0.5), SP and IP peaks and cliffs from one distribution (C3, C4), IP cliffs independent of workflow (C5)."""
-    recs = []
-    for s in range(n_seeds):
-        for task in ("math", "code"):
-            recs.append(run("single", "sp", s, task=task))
-            for wf in ("eval_opt", "voting", "orch_workers"):
-                for sh in ("sp", "ip"):
-                    recs.append(run(wf, sh, s, task=task, peak=float(rng.normal(0.6, 0.05)),
-                                    cliff=bool(rng.random() < 0.3), stagnation=bool(rng.random() < 0.5)))  # fmt: skip
-    return pd.DataFrame(recs, columns=SUMMARY_COLUMNS)
+# The rule's family-wise false-verdict rate under the null, the coverage of its intervals and its power:
+# tests/test_claims_power.py (10^4+ simulated matrices per seed at three seeds, shaped like the evidence).
 
 
-@pytest.mark.slow
-def test_claims_rule_rarely_gives_a_verdict_under_the_null():
-    """Family-wise: in <= 5% of simulated null matrices (3 seeds) does any validated claim get a verdict."""
-    rng = np.random.default_rng(7)  # 2.75% of 400 (C3 1.0%, C4 0.75%, C5 1.0%, C1 0%)
-    g = grads(3)
-    wrong = [
-        claims_table(_null_summary(rng), g).query("verdict in ['supported', 'contradicted']").shape[0] > 0
-        for _ in range(400)
-    ]
-    assert np.mean(wrong) <= 0.05, np.mean(wrong)
+def test_c3_per_task_rows():
+    """With two tasks, C3 is also given per task (descriptive, at C3's corrected level, with its MDE): a math
+    difference is not diluted by code cells that cannot move."""
+    recs = summary(3)
+    code = recs.assign(task="code", run_id=recs["run_id"] + "-code")
+    ip = code["sharing"] == "ip"  # code: IP - SP = 0.02, -0.01, 0 by seed; math: 0.1 in every seed
+    code.loc[ip, "peak_heldout"] += code.loc[ip, "seed"].map({0: 0.02, 1: -0.01, 2: 0.0}) - 0.1
+    c = claims_table(pd.concat([recs, code], ignore_index=True), grads(3)).set_index("claim")
+    assert list(c.index) == ["C1", "C2", "C3", "C3 math", "C3 code", "C4", "C5", "C6", "C7"]
+    assert c.loc["C3 math", "value"] == pytest.approx(0.1)
+    assert c.loc["C3 code", "value"] == pytest.approx(0.01 / 3)
+    assert c.loc["C3", "value"] == pytest.approx(0.1 / 2 + 0.01 / 6)
+    assert (c.loc[["C3 math", "C3 code"], "verdict"] == "descriptive").all()
+    assert (c.loc[["C3 math", "C3 code"], "ci_level"] == c.loc["C3", "ci_level"]).all()
+    assert c.loc["C3 code", "mde"] > 0
 
 
 def test_verdict_rule():

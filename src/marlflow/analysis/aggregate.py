@@ -225,6 +225,6 @@ def interventions_heading(itv: pd.DataFrame) -> str:
     corrected = f"{corr}-corrected over the {m} interventions" if corr != "none" else "not corrected"
     return (
         f"{how}. Each intervention minus {base}, paired by {pairs} and pooled (analysis.seeds."
-        f"pooled_interventions); correction: {corr}: intervals {corrected} (each at {level}); cliff: Newcombe's "
+        f"pooled_interventions); correction: {corr}: intervals {corrected} (each at {level}); cliff: Tango's "
         "paired interval; verdict on the primary stat.\n\n"
     )

@@ -23,7 +23,7 @@ import math
 import pandas as pd
 
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
-from marlflow.core.stats import mean_ci, rate_ci, rate_diff_ci
+from marlflow.core.stats import mean_ci, rate_ci, tango_ci
 from marlflow.core.workflow_spec import baseline
 
 CELL = ["workflow", "sharing", "scale", "task", "intervention"]
@@ -151,7 +151,7 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
     Pairs: an intervention's run and the `baseline` run that agree on every `pair_by` column (default: workflow,
     sharing, scale, task and the replicate, seed and build where the runs carry one). The mean paired
     difference of each stat (INTERVENTION_STATS, `primary` first) gets a t-interval over the pairs, or
-    Newcombe's paired score interval for the 0/1 cliff flag (stats.rate_diff_ci), at level 1 - family_alpha / m
+    Tango's paired score interval for the 0/1 cliff flag (stats.tango_ci), at level 1 - family_alpha / m
     with correction "bonferroni", m = the number of interventions compared (all of the table's intervals
     together cover with >= 95%), or 1 - family_alpha with "none". verdict, on the primary stat only:
     "positive" / "negative" when the interval excludes 0, else "inconclusive" (also with < 2 pairs or zero
@@ -174,9 +174,11 @@ def pooled_interventions(summary: pd.DataFrame, primary: str = INTERVENTION_PRIM
         pairs = _paired(s[s["intervention"] == name], ref, on)
         cells = int(pairs[["workflow", "sharing", "scale", "task"]].drop_duplicates().shape[0])
         for st in stats:
-            if st == "cliff":
-                m, lo, hi, k = rate_diff_ci(pairs[st].astype(float), pairs[f"{st}_ref"].astype(float), level,
-                                            paired=True)  # fmt: skip
+            if st == "cliff":  # Tango's paired score interval: Newcombe's paired one errs above its level
+                x, y = pairs[st].astype(bool).to_numpy(), pairs[f"{st}_ref"].astype(bool).to_numpy()
+                k = len(x)
+                m = float(x.mean() - y.mean()) if k else math.nan
+                lo, hi = (float(v) for v in tango_ci(int((x & ~y).sum()), int((~x & y).sum()), k, level))
             else:
                 m, lo, hi, k = mean_ci(pairs[st].astype(float) - pairs[f"{st}_ref"].astype(float), level)
             v = ""

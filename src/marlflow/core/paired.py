@@ -12,17 +12,19 @@ shares the same problems (too narrow for a claim about problems in general).
 `paired_diff` estimates the mean difference over replicates and problems and gives it a variance with both
 crossed components, problems (shared by every replicate) and replicates (seeds / builds):
 
-    V = s2_problem / P + s2_replicate / R,   t with min(P, R) - 1 degrees of freedom
+    V = s2_problem / P + s2_replicate / R,   t with Welch-Satterthwaite degrees of freedom (R - 1 at 2-3 replicates)
 
 where s2_problem is the variance over problems of the per-problem mean difference (averaged over replicates)
 and s2_replicate the variance over replicates of the per-replicate mean difference. Each term alone is the
-paired t-interval's variance of a one-way design; their sum counts the problem x replicate noise twice, and
-the degrees of freedom are the fewest of the two terms', both on purpose: the unbiased alternative (the
-residual subtracted, Welch-Satterthwaite degrees of freedom) covered 92% at 3 replicates with a real seed
-effect (benchmarks/stats/paired_coverage.py), this one at least 95% there and at 6 replicates, at some cost
-in power. With one replicate it is the paired t-interval over problems (for 0/1 outcomes McNemar's normal
-interval), which covers the problems but says nothing about seed variance. Coverage under the null and power
-are simulated in tests/test_paired.py and benchmarks/stats/paired_coverage.py.
+paired t-interval's variance of a one-way design; their sum counts the problem x replicate noise twice (the
+interval is a little wide where seeds do not matter). Satterthwaite's degrees of freedom covered 89% at 2
+replicates and 93% at 3 with a large seed effect, so 2-3 replicates take R - 1 (conservative: coverage near
+100%, little power; FEW_REPLICATES). Measured 95% coverage under the null and power
+(benchmarks/stats/paired_coverage.py, 10,000 simulations per row, P = 200; RESULTS.md "Paired statistics"):
+within a point of nominal or above it at one replicate and at 6 (toy_seeds' 3 seeds x 2 builds). The residual
+subtracted instead (unbiased) covered 92% at 3 replicates. With one replicate it is the paired t-interval
+over problems (for 0/1 outcomes McNemar's normal interval), which covers the problems but says nothing about
+seed variance.
 
 `mcnemar_exact`: the exact (conditional binomial) McNemar test on discordant pairs; pooled over replicates
 (discordant counts summed) it is the stratified exact test, valid under the null that within every
@@ -36,6 +38,10 @@ import math
 import numpy as np
 
 from marlflow.core.stats import t_quantile
+
+FEW_REPLICATES = (
+    4  # below this many replicates (but more than one) the interval takes R - 1 degrees of freedom
+)
 
 
 def _binom_tail_ge(k: int, n: int) -> float:
@@ -95,9 +101,13 @@ def paired_diff(a, b, level: float = 0.95) -> dict:
     elif var <= 0.0:  # every pair agrees: no variance, the interval is the point (the exact p-value speaks)
         se, df, lo, hi = 0.0, float(min(k for _, k in terms)), diff, diff
     else:
-        df = float(min(k for _, k in terms))  # the fewest degrees of freedom: R - 1 with replicates
+        df = var**2 / sum(t**2 / k for t, k in terms if t > 0)  # Welch-Satterthwaite
+        if (
+            1 < r < FEW_REPLICATES
+        ):  # too few replicates for Satterthwaite to hold the level (module docstring)
+            df = float(r - 1)
         se = math.sqrt(var)
-        half = t_quantile(1 - (1 - level) / 2, int(df)) * se
+        half = t_quantile(1 - (1 - level) / 2, max(1, int(df))) * se
         lo, hi = max(-1.0, diff - half), min(1.0, diff + half)
     binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
     n10, n01 = (int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())) if binary else (0, 0)

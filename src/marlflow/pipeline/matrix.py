@@ -30,8 +30,8 @@ run id gets `-coh` and the run config carries the definition as `intervention_sp
 `build` is the toy model's build seed (toy scale only; default [0], the shipped model): build b > 0 trains from
 a toy model built here with `--seed b` into `<models.toy>-b<b>` (results/models/toy-b1, ...), and the run id
 gets `-b<b>` after the seed. The seed axis varies training and evaluation sampling around one model; the
-build axis varies the model itself (its weights also depend on the CPU: docs/results.md), so CIs over both
-cover model-build variance.
+build axis varies the model itself (its weights also depend on the CPU: docs/results.md). (seed, build)
+pairs are treated as exchangeable replicates: with two builds an interval speaks for those builds, not a new one.
     RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
 """
 

@@ -94,7 +94,8 @@ SOLUTION_FIGURE = (
 RUN_PAGE = "{run_id}.html"
 REQUIRED_TABLES = ["summary.parquet", "failures.csv", "grad_dynamics.csv"]
 # Tables of the statistics step (marlflow.analysis.seeds / claims), shown when the aggregate step wrote them
-OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv", "interventions.csv"]
+OPTIONAL_TABLES = ["contrasts.csv", "summary_by_cell.csv", "claims.csv", "interventions.csv", "paired.csv",
+                   "paired_cliffs.csv"]  # fmt: skip
 MISSING_TABLE = (
     "{name} was not found next to summary.parquet: the aggregate step that wrote these tables predates it. "
     "Rerun <code>python -m marlflow aggregate</code> (or <code>make run</code>) with the current marlflow."
@@ -353,13 +354,38 @@ def pooled_interventions_html(itv: pd.DataFrame | None) -> list[str]:
         "<h3 id='pooled_interventions'>Pooled over cells and replicates</h3>",
         "<p class='note'>Each intervention minus the baseline, paired within cell and replicate and pooled, as "
         "the preset declares it in matrix.yaml (analysis.interventions; interventions.md says what was declared, "
-        "or that nothing was). Intervals at the corrected level shown; cliff: Newcombe's paired interval; the "
+        "or that nothing was). Intervals at the corrected level shown; cliff: Tango's paired interval; the "
         "verdict is on the declared statistic only. From interventions.csv.</p>",
         table(pd.DataFrame(recs), raw_columns=("difference",)),
     ]
 
 
-def contrasts_section(con: pd.DataFrame | None, itv: pd.DataFrame | None = None) -> list[str]:
+def per_problem_html(pairs: pd.DataFrame | None, contrast: str) -> list[str]:
+    """paired.csv's rows of `contrast` (analysis.paired: per-problem paired differences) as a table, the
+    declared primary rows with their verdicts first; a note when the runs kept no outcomes."""
+    if pairs is None or pairs.empty or not (pairs["contrast"] == contrast).any():
+        return [
+            "<p class='note'>No per-problem comparison: the runs kept no outcomes.parquet, or no pair.</p>"
+        ]
+    rows = pairs[pairs["contrast"] == contrast]
+    rows = rows.assign(_d=rows["verdict"].eq("descriptive")).sort_values("_d", kind="stable")
+    recs = [{"a - b": f"{r['a']} - {r['b']}", "at": r["at"], "workflow": r["workflow"], "task": r["task"],
+             "replicates": r["n_rep"], "problems": r["n_prob"],
+             "difference": ci_html(r["diff"], r["lo"], r["hi"], signed=True), "McNemar p": f"{r['p']:.3g}",
+             "corr": f"{r['corr']:.2f}", "verdict": f"<span class='{esc(r['verdict'])}'>{esc(r['verdict'])}</span>"}
+            for r in rows.to_dict("records")]  # fmt: skip
+    return [
+        "<p class='note'>Problem by problem on the same test problems, within each replicate, combined over "
+        "replicates (analysis.paired; what was declared and the correction: paired.md). at heldout: each run "
+        "read at the step its validation accuracy chose; terminal: its last evaluation (descriptive). corr: "
+        "how alike the two arms' outcomes are per problem, which pairing gains from.</p>",
+        table(pd.DataFrame(recs), raw_columns=("difference", "verdict")),
+    ]
+
+
+def contrasts_section(
+    con: pd.DataFrame | None, itv: pd.DataFrame | None = None, pairs: pd.DataFrame | None = None
+) -> list[str]:
     out = ["<h2 id='paired'>Paired SP - IP</h2>"]
     if con is None:
         return [*out, f"<p class='note'>{MISSING_TABLE.format(name='contrasts.csv')}</p>"]
@@ -372,6 +398,8 @@ def contrasts_section(con: pd.DataFrame | None, itv: pd.DataFrame | None = None)
         "<p class='note'>SP minus IP for runs of the same cell and seed (same problems at every step), "
         f"{seeds}. Positive: SP higher; for cliff, SP more often. From contrasts.csv.</p>",
         contrasts_html(con, "sp-ip"),
+        "<h3 id='per_problem'>SP - IP per problem</h3>",
+        *per_problem_html(pairs, "sp-ip"),
         "<h3>Multi-agent - single-agent (MA - SA)</h3>",
         "<p class='note'>Each workflow minus the single-agent baseline of the same scale, task and seed.</p>",
         contrasts_html(con, "ma-sa"),
@@ -384,6 +412,8 @@ def contrasts_section(con: pd.DataFrame | None, itv: pd.DataFrame | None = None)
             "cells' own peak, terminal and cliff rate are in the summary by cell below.</p>",
             contrasts_html(con, "itv-none"),
             *pooled_interventions_html(itv),
+            "<h3>Interventions - none per problem</h3>",
+            *per_problem_html(pairs, "itv-none"),
         ]
     return out
 
@@ -503,7 +533,9 @@ def render_overview(
         figure(figures["curves.png"], "curves.png"),
         "<h2 id='peak_terminal'>Peak / terminal</h2>",
         peak_terminal_html(summary),
-        *contrasts_section(tables.get("contrasts.csv"), tables.get("interventions.csv")),
+        *contrasts_section(
+            tables.get("contrasts.csv"), tables.get("interventions.csv"), tables.get("paired.csv")
+        ),
     ]
     body += solution_section(solution, run_task_names(run_info), figures)
     grads = by_run_order(tables["grad_dynamics"], order)

@@ -11,13 +11,15 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from marlflow.analysis.claims import FAMILY_ALPHA
 from marlflow.analysis.curves import eval_curves, eval_sizes, peak_se, wide
 from marlflow.analysis.seeds import CELL, ONE_SEED_BANNER, n_replicates, one_seed
 from marlflow.analysis.tables import (
     PEAK_ESTIMATES,
     peak_estimate,
 )
-from marlflow.core.definitions import FORMAT_RISE, TOY_BASE_BAND
+from marlflow.core.definitions import CI_LEVEL, FORMAT_RISE, TOY_BASE_BAND, supervisor
+from marlflow.core.stats import t_quantile
 from marlflow.report.html import cell_label, cell_order, code_spans, esc, is_missing
 
 # ---------------------------------------------------------------------------- findings
@@ -104,17 +106,53 @@ def best_worst(summary: pd.DataFrame) -> list[tuple[str, str]]:
     return out
 
 
+def corrected_level(con: pd.DataFrame, stat: str) -> tuple[float, int]:
+    """(level, m): the Bonferroni level 1 - FAMILY_ALPHA / m over the m SP - IP cells whose `stat` has an
+    interval (>= 2 replicate pairs) in contrasts.csv, the family whose sides the findings box names."""
+    c = con[(con["contrast"] == "sp-ip") & (con["stat"] == stat) & (con["n_pairs"] >= 2) & con["lo"].notna()]
+    m = max(len(c), 1)
+    return 1 - FAMILY_ALPHA / m, m
+
+
+def at_level(r: dict, level: float) -> tuple[float, float]:
+    """contrasts.csv's t-interval of a row (stats.mean_ci at CI_LEVEL: mean +- t quantile x SE) at `level`: the
+    same mean and SE with the t quantile of `level` over its n_pairs - 1 degrees of freedom."""
+    n, m = int(r["n_pairs"]), float(r["mean"])
+    half = (float(r["hi"]) - float(r["lo"])) / 2
+    half *= t_quantile(0.5 + level / 2, n - 1) / t_quantile(0.5 + CI_LEVEL / 2, n - 1)
+    return m - half, m + half
+
+
+def per_task_line(claims: pd.DataFrame | None) -> str | None:
+    """claims.csv's per-task C3 rows (IP - SP peak over a task's cells, with the interval at C3's corrected
+    level and the effect it detects with 80% power) as one line; None without them (one task, or no CI)."""
+    if claims is None or not {"claim", "value", "ci_lo", "ci_hi", "mde", "ci_level"} <= set(claims.columns):
+        return None
+    rows = claims[claims["claim"].astype(str).str.startswith("C3 ")]
+    rows = rows[rows["ci_lo"].notna()]
+    if rows.empty:
+        return None
+    parts = [f"{str(r['claim'])[3:]} {float(r['value']):+.3f} [{float(r['ci_lo']):+.3f}, {float(r['ci_hi']):+.3f}], "
+             f"detectable with 80% power: {float(r['mde']):.3f}" for r in rows.to_dict("records")]  # fmt: skip
+    level = float(rows["ci_level"].iloc[0])
+    names = " / ".join(str(c) for c in rows["claim"])
+    head = f"IP - SP peak per task over its cells (claims.csv rows {names}, at {level:.4g}): "
+    return esc(head + "; ".join(parts))
+
+
 def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
     """Per workflow x scale x task (x intervention) with both SP and IP runs: the replicate-paired SP - IP
     difference of the headline peak (tables.peak_estimate: held-out, else cross-fitted; never the in-sample
-    max) and of terminal_mean3 (contrasts.csv). Over >= 2 pairs with its 95% CI and which side it favours;
-    over one pair with the evaluation noise of such a difference, 2 x sqrt(se_SP^2 + se_IP^2) (se: the
-    standard error of the test evaluation at each run's held-out peak step, `peak_se` from with_peak_se;
-    unknown without it)."""
+    max) and of terminal_mean3 (contrasts.csv). Over >= 2 pairs with its CI Bonferroni-corrected over the cells
+    that have one (corrected_level), and which side the peak's favours (the terminal's is descriptive); over
+    one pair with the evaluation noise of such a difference, 2 x sqrt(se_SP^2 + se_IP^2) (se: the standard
+    error of the test evaluation at each run's held-out peak step, `peak_se` from with_peak_se; unknown without
+    it), a difference beyond it marked descriptive (uncorrected)."""
     if con is None:
         return ["contrasts.csv is missing: rerun <code>python -m marlflow aggregate</code>"]
     peak = peak_estimate(summary)
     c = con[(con["contrast"] == "sp-ip") & con["stat"].isin([peak, "terminal_mean3"])]
+    level, _ = corrected_level(c, peak)
     out = []
     for key, g in cell_order(c).groupby(CELL, sort=False, dropna=False):
         cell = dict(zip(CELL, key))
@@ -129,9 +167,9 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
                 continue
             text = f"{name} {float(r['mean']):+.3f}"
             if pairs >= 2 and not is_missing(r["lo"]):
-                lo, hi = float(r["lo"]), float(r["hi"])
+                lo, hi = at_level(r, level)
                 side = "SP higher" if lo > 0 else "IP higher" if hi < 0 else "no clear difference"
-                text += f" [{lo:+.3f}, {hi:+.3f}]: {side}"
+                text += f" [{lo:+.3f}, {hi:+.3f}]" + (f": {side}" if stat == peak else "")
             parts.append(text)
         label = cell_label(cell, sharing=False)
         if pairs >= 2:
@@ -152,7 +190,8 @@ def sp_ip_lines(con: pd.DataFrame | None, summary: pd.DataFrame) -> list[str]:
             verdict = (
                 f"peaks within eval noise ({noise:.3f})"
                 if abs(side) <= noise
-                else f"{'SP' if side > 0 else 'IP'} peak higher by more than the eval noise ({noise:.3f})"
+                else f"{'SP' if side > 0 else 'IP'} peak higher by more than the eval noise ({noise:.3f}; "
+                "descriptive: one pair, uncorrected)"
             )
         else:
             verdict = "eval noise unknown (no SE at the held-out peak for exactly one SP and one IP run)"
@@ -207,15 +246,33 @@ def format_rises(metrics: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["rise", "run_id"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
+def capture_by_sharing(flags: dict[str, list[str]], metrics: pd.DataFrame) -> str:
+    """'SP 6 of 30, IP 4 of 30': capture flags per sharing mode, of the runs whose workflow has a supervisory
+    role that can be captured (definitions.supervisor); '' where the metrics name no sharing."""
+    if not {"run_id", "workflow", "sharing"} <= set(metrics.columns):
+        return ""
+    runs = metrics[["run_id", "workflow", "sharing"]].drop_duplicates("run_id")
+    supervised = runs["workflow"].map(lambda w: supervisor(w) is not None)
+    runs = runs[runs["run_id"].astype(str).isin(flags) & supervised]
+    parts = []
+    for sharing in sorted(runs["sharing"].unique(), key=lambda x: (x != "sp", x)):
+        ids = runs[runs["sharing"] == sharing]["run_id"].astype(str)
+        parts.append(f"{sharing.upper()} {sum('capture' in flags[r] for r in ids)} of {len(ids)}")
+    return ", ".join(parts)
+
+
 def failure_lines(failures: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
-    """Counts of collapse / stagnation / capture (failures.csv) with the runs, and the largest rises of a
-    role's format-failure rate (the metrics), with values and steps."""
+    """Counts of collapse / stagnation / capture (failures.csv) with the runs, capture also per sharing mode
+    (capture_by_sharing: a finding about SP's shared policy needs the IP count beside it), and the largest rises
+    of a role's format-failure rate (the metrics), with values and steps."""
     flags = failure_flags(failures)
     out = []
     for sig in ("collapse", "stagnation", "capture"):
         runs = [rid for rid, f in flags.items() if sig in f]
         if runs:
-            out.append(esc(f"{sig}: {len(runs)} of {len(flags)} runs ({_more(runs)})"))
+            by = capture_by_sharing(flags, metrics) if sig == "capture" else ""
+            by = f"; by sharing mode, of the runs with a supervisory role: {by}" if by else ""
+            out.append(esc(f"{sig}: {len(runs)} of {len(flags)} runs ({_more(runs)}{by})"))
     rises = format_rises(metrics)
     for r in rises.head(SHOWN).to_dict("records"):
         out.append(esc(f"{r['run_id']}: the {r['role']}'s format-failure rate rises {r['first']:.2f} (step "
@@ -262,11 +319,15 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
         items.append(f"<li class='warn'>{esc(warn)}</li>")
     items += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in best_worst(summary)]
     sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
-    how = (
-        "one seed pair each, so no CI; eval noise = 2 x the SE of the two test evals at the held-out peaks"
-        if one_seed(s)
-        else "mean over seed pairs [95% CI]"
-    )
+    task_line = per_task_line(tables.get("claims.csv"))
+    sp_ip += [task_line] if task_line else []
+    con = tables.get("contrasts.csv")
+    if one_seed(s):
+        how = "one seed pair each, so no CI; eval noise = 2 x the SE of the two test evals at the held-out peaks"
+    else:
+        level, m = corrected_level(con, peak_estimate(s)) if con is not None else (1 - FAMILY_ALPHA, 1)
+        how = (f"mean over replicate pairs [CI at {level:.4g}, Bonferroni over the {m} cells with a CI]; the side "
+               "is named for the peak, the terminal is descriptive")  # fmt: skip
     peak = PEAK_NAMES[peak_estimate(s)] if len(s) else "peak"
     items.append(
         f"<li><b>SP - IP</b> ({peak}; terminal = mean of the last 3 evals; {how}):<ul>"

@@ -118,7 +118,7 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
     # The cells' shared step-0 evaluations (marlflow.training.base_eval), a cache beside the runs like their
     # checkpoints: one for single, one read by both Voting runs, and no claim left behind.
     shared = sorted(p.name for p in (work / "results" / "runs" / ".base-evals").iterdir())
-    assert len(shared) == 4 and sum(n.endswith("-samples.parquet") for n in shared) == 2, shared
+    assert len(shared) == 6 and sum(n.endswith("-outcomes.parquet") for n in shared) == 2, shared
     undeclared = []
     for path in sorted((work / "results").rglob("*")):
         rel = path.relative_to(work).as_posix()
@@ -126,7 +126,7 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
             continue  # a folder is judged by its files
         inside = any(rel == d or rel.startswith(d + "/") for d in folders)
         on_purpose = re.match(
-            r"results/runs/([^/]+/checkpoints|[^/]+/environment\.jsonl|\.base-evals)(/|$)", rel
+            r"results/runs/([^/]+/checkpoints|[^/]+/environment\.jsonl|[^/]+/\.trainer\.lock|\.base-evals)(/|$)", rel
         )
         if rel not in files and not inside and not on_purpose:
             undeclared.append(rel + ("/ (empty folder)" if path.is_dir() else ""))

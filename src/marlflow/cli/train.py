@@ -20,7 +20,11 @@ CPU, torch, GPU, threads, ranks and commit it trains with (marlflow.training.env
 killed or preempted job that is now resumed) is first renamed to LOG.attempt-1, -2, ... so every attempt
 keeps its own log.
 
-Exit codes: 0 done; 1 the run failed (the message says why); 2 an invalid run config; 75 stopped by a SIGTERM
+One trainer per run folder: a second `marlflow train` of a folder whose trainer is alive exits 3 at once,
+naming the holder (marlflow.store.lock; the lock goes with the process, however it ends).
+
+Exit codes: 0 done; 1 the run failed (the message says why); 2 an invalid run config; 3 another trainer holds
+the run folder; 75 stopped by a SIGTERM
 or SIGUSR1 after checkpointing its last completed step: rerun it to resume, nothing is lost (Snakemake's
 `retries` does). The first SIGTERM / SIGUSR1 abandons the current step if its update has not started, else
 finishes it (and its evaluation, when due), then checkpoints and exits 75; a second one exits at once with
@@ -43,6 +47,7 @@ import torch
 
 from marlflow.core.config import ConfigError, RunConfig, check_task_kind
 from marlflow.store.atomic import atomic_write_json, atomic_write_parquet
+from marlflow.store.lock import FolderLocked, folder_lock
 from marlflow.store.schema import write_metrics
 from marlflow.tasks import get_task
 from marlflow.tasks.splits import run_splits
@@ -51,6 +56,7 @@ from marlflow.training.final import write_final
 
 # Rank 0's report to the launcher that an N-rank run stopped on a signal, checkpointed (distributed.launch).
 PREEMPTED_FILE = ".preempted"
+EXIT_LOCKED = 3  # another live trainer holds the run folder (marlflow.store.lock)
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -186,16 +192,26 @@ def main(argv=None) -> int:
     # checkpoint, which neither torchrun nor srun passes on (distributed.launch: signals, codes).
     launch = distributed.launch_argv(cfg.ranks, ["--config", args.config, "--out", args.out], os.environ,
                                      cfg.device, cfg.threads)  # fmt: skip
-    if launch is not None:
-        print(f"marlflow train: run {cfg.run_id}: starting {cfg.ranks} ranks: {' '.join(launch)}", flush=True)
-        code = distributed.launch(launch, os.environ, Path(args.out) / PREEMPTED_FILE)
-        print(f"marlflow train: run {cfg.run_id}: {cfg.ranks} ranks ended, exit code {code}", flush=True)
-        return code
-    env = distributed.init(cfg.device)
+    # One trainer per run folder (marlflow.store.lock): the launcher of N ranks holds it for all of them.
     try:
-        return _train(cfg, args, env)
-    finally:
-        distributed.close()
+        if launch is not None:
+            with folder_lock(args.out, "marlflow train (launcher)"):
+                print(f"marlflow train: run {cfg.run_id}: starting {cfg.ranks} ranks: {' '.join(launch)}",
+                      flush=True)  # fmt: skip
+                code = distributed.launch(launch, os.environ, Path(args.out) / PREEMPTED_FILE)
+            print(f"marlflow train: run {cfg.run_id}: {cfg.ranks} ranks ended, exit code {code}", flush=True)
+            return code
+        env = distributed.init(cfg.device)
+        try:
+            if env.world > 1:  # a rank: its launcher holds the folder's lock
+                return _train(cfg, args, env)
+            with folder_lock(args.out, "marlflow train"):
+                return _train(cfg, args, env)
+        finally:
+            distributed.close()
+    except FolderLocked as err:
+        print(f"marlflow train: run {cfg.run_id}: {err}", file=sys.stderr)
+        return EXIT_LOCKED
 
 
 def _rank_logging(env: distributed.Env) -> None:

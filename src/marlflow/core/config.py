@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -409,6 +410,52 @@ class GRPOParams:
         )
 
 
+# TRL's and PEFT's names for the GRPO settings that have one (trl.GRPOConfig, peft.LoraConfig), by marlflow
+# field. A preset's `grpo:` in matrix.yaml accepts either name (marlflow.pipeline.matrix renames them with
+# canonical_grpo_keys); config.json and every message use marlflow's. Fields absent here have no one-to-one
+# counterpart (problems_per_step: TRL counts completions per device, not problems per step; eval_temperature,
+# grad_ema_window, ...). docs/reference.md's table is trl_name_table(), checked by tests/test_newcomer.py.
+TRL_NAMES = {
+    "steps": "max_steps",
+    "group_size": "num_generations",
+    "eval_every": "eval_steps",
+    "save_every": "save_steps",
+    "lr_scheduler": "lr_scheduler_type",
+    "lora_targets": "target_modules",
+    "lora_r": "r",
+}
+# Same meaning and the same name in TRL's GRPOConfig (or PEFT's LoraConfig: lora_alpha).
+TRL_SAME = ("learning_rate", "warmup_steps", "weight_decay", "epsilon", "epsilon_high", "beta", "loss_type",
+            "temperature", "top_p", "max_prompt_length", "max_completion_length", "max_grad_norm", "lora_alpha")  # fmt: skip
+
+
+def canonical_grpo_keys(grpo: dict, where: str = "grpo") -> dict:
+    """`grpo` (a preset's `grpo:` mapping) with TRL's / PEFT's names (TRL_NAMES' values) renamed to marlflow's;
+    ConfigError when a setting is given under both names. Other keys are left for the schema to judge."""
+    alias_of = {trl: ours for ours, trl in TRL_NAMES.items() if trl not in TRL_NAMES}
+    out = {}
+    for key, value in grpo.items():
+        ours = alias_of.get(key, key)
+        if ours in out:
+            raise ConfigError(f"{where} sets {ours} twice, as {ours} and as {TRL_NAMES[ours]} (its TRL / PEFT "
+                              "name); keep one")  # fmt: skip
+        out[ours] = value
+    return out
+
+
+def trl_name_table() -> str:
+    """The markdown table of every GRPOParams field with its TRL / PEFT name (docs/reference.md holds it)."""
+    rows = ["| marlflow `grpo:` key | TRL / PEFT name | |", "|---|---|---|"]
+    for f in dataclasses.fields(GRPOParams):
+        if f.name in TRL_NAMES:
+            rows.append(f"| `{f.name}` | `{TRL_NAMES[f.name]}` | accepted as an alias |")
+        elif f.name in TRL_SAME:
+            rows.append(f"| `{f.name}` | `{f.name}` | the same |")
+        else:
+            rows.append(f"| `{f.name}` | - | marlflow only |")
+    return "\n".join(rows)
+
+
 def check_intervention(cfg) -> dict:
     """cfg.intervention_spec checked against its kind's InterventionSpec and cfg's workflow and sharing, with
     defaults filled in (marlflow.core.intervention_spec.check_intervention); ConfigError says what is wrong."""
@@ -575,6 +622,18 @@ class RunConfig:
         help="newest checkpoints kept on disk (0 = all).",
         bounds={"minimum": 0, "maximum": 1_000_000},
         bound_note="0 = keep all",
+        provenance=True,
+        training_only=True,
+    )
+    save_every_minutes: float = _field(
+        0.0,
+        help="time-based checkpoints: besides every grpo.save_every steps, checkpoint after any step that would "
+        "otherwise leave more than this many minutes of training unsaved (0 = off). For steps of an hour or "
+        "more, where save_every steps could span a whole job and a preempted job would lose it all. Checkpoints "
+        "do not change what a run computes, so it is provenance, not part of the run's identity.",
+        bounds={"minimum": 0, "maximum": 1_000_000},
+        bound_note="0 = off",
+        omitted_at_default=True,
         provenance=True,
         training_only=True,
     )
@@ -816,7 +875,29 @@ class RunConfig:
             ) from None
         except RecursionError:
             raise ConfigError("is nested too deeply to be a run config") from None
-        return cls.from_dict(doc)
+        cfg = cls.from_dict(doc)
+        trackers = trackers_from_env()
+        return cfg if trackers is None else dataclasses.replace(cfg, report_to=trackers)
+
+
+# The trackers of a run, chosen when it trains rather than in matrix.yaml: `MARLFLOW_REPORT_TO=tensorboard,wandb`
+# (or `none`) replaces config.json's report_to in RunConfig.load. Snakemake sets it for its jobs from
+# `--config report_to=[tensorboard]` (marlflow.pipeline.snake). report_to is provenance, so neither the run's
+# fingerprint nor its config.json changes: switching trackers retrains nothing and resumes every checkpoint.
+REPORT_TO_ENV = "MARLFLOW_REPORT_TO"
+
+
+def trackers_from_env(environ=None) -> list | None:
+    """The trackers REPORT_TO_ENV names ([] for `none` or empty), None when it is unset; ConfigError for a
+    name that is not one of TRACKERS."""
+    value = (os.environ if environ is None else environ).get(REPORT_TO_ENV)
+    if value is None:
+        return None
+    names = [n.strip() for n in value.replace(",", " ").split() if n.strip() not in ("", "none")]
+    for n in names:
+        _check(n in TRACKERS, f"{REPORT_TO_ENV} names {_short(n)}, which is not a tracker; allowed: "
+               f"{', '.join(TRACKERS)}, or none")  # fmt: skip
+    return list(dict.fromkeys(names))
 
 
 def check_task_kind(cfg: RunConfig, kind: str) -> None:
@@ -843,8 +924,9 @@ def config_fingerprint(d: dict) -> str:
     return hashlib.sha256(json.dumps(training_identity(d), sort_keys=True).encode()).hexdigest()
 
 
-def config_differences(a: dict, b: dict, limit: int = 4) -> list[str]:
-    """Up to `limit` 'key: a -> b' lines (nested keys dotted) where the training identities of a and b differ."""
+def config_differences(a: dict, b: dict, limit: int = 4, provenance: bool = False) -> list[str]:
+    """Up to `limit` 'key: a -> b' lines (nested keys dotted) where the training identities of a and b differ
+    (with `provenance`, where the whole configs differ, provenance fields included)."""
 
     def flat(d, prefix=""):
         out = {}
@@ -852,7 +934,8 @@ def config_differences(a: dict, b: dict, limit: int = 4) -> list[str]:
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    fa, fb = flat(training_identity(a)), flat(training_identity(b))
+    ident = (lambda d: d) if provenance else training_identity
+    fa, fb = flat(ident(a)), flat(ident(b))
     missing = "(unset)"
     diffs = [f"{k}: {_short(fa.get(k, missing), 40)} -> {_short(fb.get(k, missing), 40)}"
              for k in sorted(set(fa) | set(fb)) if fa.get(k, missing) != fb.get(k, missing)]  # fmt: skip

@@ -530,6 +530,7 @@ class MultiAgentGRPOTrainer:
                 self._after_eval()
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
+        last_save = time.monotonic()  # time-based checkpoints (RunConfig.save_every_minutes)
         while self.step < g.steps and not distributed.stop_agreed():  # every rank asks at each step boundary
             self.step += 1
             if not self.train_step(self.step):  # stopped during its rollout: the step is undone
@@ -537,6 +538,9 @@ class MultiAgentGRPOTrainer:
                 break
             evaluate = self.step % g.eval_every == 0 or self.step == g.steps
             save = (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
+            if self.cfg.save_every_minutes and not save:  # rank 0's clock decides for every rank
+                unsaved = time.monotonic() - last_save
+                save = distributed.from_main(lambda u=unsaved: u >= 60 * self.cfg.save_every_minutes)
             if evaluate or save:
                 self._settle_base_eval()
             if evaluate:
@@ -547,6 +551,7 @@ class MultiAgentGRPOTrainer:
             self.trackers.log(self.metric_rows)  # this step's rows, before its checkpoint
             if save:
                 self.save_checkpoint()
+                last_save = time.monotonic()
             self._log_progress(first, t_start)
         if (
             self.step < g.steps

@@ -142,6 +142,12 @@ def main(argv=None) -> int:
             "seeds": args.seeds,
             "cases": {name: case.mechanism for name, case in cases.CASES.items()},
             "model": "results/models/toy",
+            "weights_sha256": json.loads(Path("results/models/toy/warmstart.json").read_text())[
+                "weights_sha256"
+            ],
+            "cpu": {"model": envs[0]["cpu_model"], "flags": envs[0]["cpu_flags"]} if envs else {},
+            "torch": envs[0]["torch"] if envs else "",
+            "threads": sorted({e["torch_threads"] for e in envs}),
             "seconds": round(time.perf_counter() - t0, 1),
             "runs": runs,
             "environments": envs,

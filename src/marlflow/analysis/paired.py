@@ -8,7 +8,8 @@ replicate (seed, build) and combined over replicates (marlflow.core.paired.paire
 problem x replicate variance, stratified exact McNemar). `at` is where each run is read: "heldout" (the step
 its validation accuracy chose, summary.peak_heldout_step: nothing selects on test outcomes) or "terminal"
 (its last evaluation). Rows per (workflow, scale, task, intervention) cell and pooled over workflows per
-(scale, task) ("all"). The intervals are corrected for the number of rows of the declared primary `at`
+(scale, task) ("all": the workflows' differences averaged per problem within each replicate, so the
+workflows are fixed, not replicates; p pools every workflow's pairs). The intervals are corrected for the number of rows of the declared primary `at`
 (Bonferroni, or as declared: matrix.yaml `analysis: {paired: ...}`, checked by `check_declared`); `verdict`
 says "a higher", "b higher" or "no difference shown" (a is the contrast's first arm: sp in sp-ip), and
 "descriptive" on rows of the other `at`.
@@ -86,9 +87,11 @@ def _read_at(outcomes: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else test.assign(at=pd.Series(dtype=str))
 
 
-def _arms(read: pd.DataFrame, keys: list[str], a: pd.Series, b: pd.Series):
-    """(R, P) outcome matrices of arms a and b (row masks of `read`), paired on `keys` + uid; None when no
-    replicate has both arms."""
+def _arms(read: pd.DataFrame, keys: list[str], a: pd.Series, b: pd.Series, pool: list[str] = ()):
+    """(R, P) outcome matrices of arms a and b (row masks of `read`), paired on `keys` + uid, and the
+    stratified exact McNemar p over every pair; None when no replicate has both arms. pool: columns of `keys`
+    averaged out per problem within each replicate (a pooled row's workflows, an intervention row's sharing
+    modes: fixed levels, not replicates)."""
     cols = [*keys, "uid"]
     left = read[a][[*cols, "correct"]].astype({"correct": float})
     right = read[b][[*cols, "correct"]].astype({"correct": float})
@@ -103,7 +106,15 @@ def _arms(read: pd.DataFrame, keys: list[str], a: pd.Series, b: pd.Series):
         index="rep", columns="uid", values="correct_b", aggfunc="first"
     )
     keep = wide_a.notna().all(axis=0) & wide_b.notna().all(axis=0)  # problems every replicate scored in both
-    return wide_a.loc[:, keep].to_numpy(float), wide_b.loc[:, keep].to_numpy(float)
+    wide_a, wide_b = wide_a.loc[:, keep], wide_b.loc[:, keep]
+    x, y = wide_a.to_numpy(float), wide_b.to_numpy(float)
+    p = mcnemar_exact(int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum()))
+    if pool:  # mean over the pooled columns' levels, per replicate and problem
+        rest = [i for i, k in enumerate(keys) if k not in pool]
+        by = pd.Series([repr(tuple(k[i] for i in rest)) for k in wide_a.index], index=wide_a.index)
+        wide_a = wide_a.groupby(by, sort=True).mean()
+        wide_b = wide_b.groupby(by, sort=True).mean()
+    return wide_a.to_numpy(float), wide_b.to_numpy(float), p
 
 
 def _contrast_groups(read: pd.DataFrame, contrast: str):
@@ -137,7 +148,8 @@ def paired_contrasts(
                         pair_on = [*reps, *extra] + (["workflow"] if pooled else [])
                         if contrast == "sp-ip":
                             pair_on = [c for c in pair_on if c != "sharing"]
-                        got = _arms(g, pair_on, ma[g.index], mb[g.index])
+                        fixed_levels = [c for c in pair_on if c not in reps]
+                        got = _arms(g, pair_on, ma[g.index], mb[g.index], fixed_levels)
                         if got is None:
                             continue
                         records.append({"contrast": contrast, "a": la, "b": lb, "at": at,
@@ -152,10 +164,10 @@ def paired_contrasts(
     alpha = d["alpha"] / m if d["correction"] == "bonferroni" and m else d["alpha"]
     out = []
     for r in records:
-        a, b = r.pop("arrays")
+        a, b, p_value = r.pop("arrays")
         primary = r["at"] == d["primary"]
         level = 1 - (alpha if primary else d["alpha"])
-        s = paired_diff(a, b, level)
+        s = {**paired_diff(a, b, level), "p": p_value}
         out.append({**r, "n_rep": s["n_rep"], "n_prob": s["n_prob"], "acc_a": float(a.mean()),
                     "acc_b": float(b.mean()), "diff": s["diff"], "lo": s["lo"], "hi": s["hi"], "p": s["p"],
                     "corr": s["corr"], "ci_level": level,

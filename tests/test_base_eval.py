@@ -153,11 +153,15 @@ def test_an_incomplete_or_unreadable_result_is_computed_anew(make_cfg, tmp_path,
     cfg = make_cfg("voting", "sp")
     shared = base_eval.SharedBaseEval(cfg, tmp_path)
     rows = [{**cfg.factors, "step": 0, "split": "eval", "role": "all", "metric": "accuracy", "value": 0.5}]
-    shared.write(rows, [], SAMPLE_COLUMNS)
+    shared.write(rows, [], SAMPLE_COLUMNS, [])
     got = base_eval.SharedBaseEval(make_cfg("voting", "ip"), tmp_path).read()
     assert got is not None and got[0][0]["sharing"] == "ip" and got[0][0]["value"] == 0.5 and got[1] == []
+    assert got[2] == []
     shared.samples.unlink()  # metrics without samples: not a whole result
     assert shared.read() is None
-    shared.write(rows, [], SAMPLE_COLUMNS)
+    shared.write(rows, [], SAMPLE_COLUMNS, [])
+    shared.outcomes.unlink()  # a result written before outcomes were kept: computed anew
+    assert shared.read() is None
+    shared.write(rows, [], SAMPLE_COLUMNS, [])
     shared.metrics.write_bytes(b"not parquet")
     assert shared.read() is None and "cannot be read" in caplog.text

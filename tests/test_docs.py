@@ -382,3 +382,55 @@ def test_results_intervention_numbers_come_from_the_committed_evidence():
         j = a.merge(b, on=key, suffixes=("_cg", "_none"))
         assert (j["value_cg"] == j["value_none"]).all() and len(j) == len(b), rid
         assert f"value for value ({len(j):,} non-timing metric rows each)" in para
+
+
+def test_results_one_seed_numbers_come_from_the_committed_evidence():
+    """docs/results.md's prose on the one-seed toy evidence (gains, bases and the out-of-band cell, peaks per task,
+    careless shares, the paired SP - IP verdicts and the paired cliff) is recomputed from results/evidence/toy."""
+    import pandas as pd
+
+    from marlflow.analysis.paired import paired_cliffs, paired_contrasts
+    from marlflow.core.definitions import TOY_BASE_BAND
+
+    folder = ROOT / "results/evidence/toy"
+    s = pd.read_parquet(folder / "summary.parquet")
+    m = pd.read_parquet(folder / "metrics.parquet")
+    o = pd.read_parquet(folder / "outcomes.parquet")
+    text = (ROOT / "docs/results.md").read_text()
+    para = " ".join(
+        text[text.index("What one seed shows here") : text.index("## Three seeds on two toy builds")].split()
+    )
+    g, b = s["gain_heldout"], s["base"]
+    assert (g > 0).all() and f"all {len(s)} runs gain (held-out gain {g.min():.3f}–{g.max():.3f})" in para
+    assert f"bases {b.min():.3f}–{b.max():.3f}" in para
+    low = s[b < TOY_BASE_BAND[0]]
+    assert (
+        list(zip(low.workflow, low.task)) == [("eval_opt", "code")] * 2
+        and f"Eval-Opt code's {b.min():.3f}" in para
+    )
+    code, math = s[s.task == "code"]["peak_heldout"], s[s.task == "math"]["peak_heldout"]
+    assert (
+        f"code peaks {code.min():.3f}–{code.max():.3f}" in para
+        and f"math peaks {math.min():.3f}–{math.max():.3f}" in para
+    )
+    c = m[(m.metric == "careless_share") & (m.role == "all")].pivot_table(
+        index="run_id", columns="step", values="value"
+    )
+    assert f"goes from {c[0].min():.2f}–{c[0].max():.2f} at step 0 to 0.00 at step 40" in para
+    ow = c.index.str.startswith("orch_workers") & c.index.str.contains("math")
+    assert (c.loc[~ow, 40] == 0).all() and (c.loc[ow, 40].round(2) == 0.50).all()
+    declared = json.loads((folder / "provenance.json").read_text())["analysis"]["paired"]
+    pairs = paired_contrasts(o, s, declared)
+    primary = pairs[pairs["at"] == "heldout"]
+    assert len(primary) == 8 and (primary["verdict"] == "no difference shown").all()
+    d = primary[(primary.task == "math") & (primary.workflow != "all")]["diff"]
+    assert f"math differences are {d.min():.3f}–{d.max():.3f}" in para
+    cl = paired_cliffs(o, s)
+    flagged = cl[cl["cliff_paired"]]
+    assert (
+        list(flagged.run_id) == ["voting-ip-toy-math-s0"]
+        and not s.set_index("run_id").loc[flagged.run_id, "cliff"].any()
+    )
+    r = flagged.iloc[0]
+    assert f"({r.acc_peak:.3f} → {r.acc_terminal:.3f} on the same problems, p = {r.p:.3f})" in para
+    assert f"comes about {100 * (1 - (1 - 0.0345) ** len(s)):.0f}% of the time" in para

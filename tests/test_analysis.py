@@ -758,3 +758,18 @@ def test_headline_peaks_never_select_on_test_outcomes():
     c3 = [claims_table(s, pd.DataFrame(columns=GRAD_COLUMNS)).set_index("claim").loc["C3", "value"]
           for s in (plain, spiked)]  # fmt: skip
     assert c3[0] == c3[1] == pytest.approx(0.05)
+
+
+def test_run_pairs_keep_builds_apart():
+    """The gradient figures pair each SP run with the IP run of its own cell, seed and toy build: two builds of
+    one cell are two pairs, not one pair overwritten by the other build."""
+    from marlflow.analysis.plots import run_pairs
+
+    rows = [{"run_id": f"voting-{sh}-toy-math-s0{b}", "workflow": "voting", "sharing": sh, "scale": "toy",
+             "task": "math", "seed": 0, "build": int(bool(b)), "intervention": "none"}
+            for b in ("", "-b1") for sh in ("sp", "ip")]  # fmt: skip
+    pairs = run_pairs(pd.DataFrame(rows))
+    assert pairs == [{"sp": "voting-sp-toy-math-s0", "ip": "voting-ip-toy-math-s0"},
+                     {"sp": "voting-sp-toy-math-s0-b1", "ip": "voting-ip-toy-math-s0-b1"}]  # fmt: skip
+    no_build = pd.DataFrame(rows[:2]).drop(columns="build")  # tables from before the build axis
+    assert run_pairs(no_build) == pairs[:1]

@@ -73,7 +73,7 @@ EXTRA_EVAL = ["any_correct", "generator_accuracy", "worker_accuracy"]
 EXTRA_STYLES = dict(zip(EXTRA_EVAL, [":", "-.", "-."]))
 SOLUTION_STYLE = "--"
 # the cell a run belongs to, sharing left out: an SP run and its IP partner share this key
-PAIR_KEY = ["workflow", "scale", "task", "seed", "intervention"]
+PAIR_KEY = ["workflow", "scale", "task", "seed", "build", "intervention"]
 MIN_YSPAN = 0.1  # smallest accuracy range on a curves y axis
 
 
@@ -167,9 +167,9 @@ def run_pairs(factors: pd.DataFrame) -> list[dict[str, str]]:
     wf, sc, tk = order_key(WORKFLOW_ORDER), order_key(SCALE_ORDER), order_key(TASK_ORDER)
     groups: dict[tuple, dict[str, str]] = {}
     for rec in factors.drop_duplicates("run_id").to_dict("records"):
-        key = tuple(rec[k] for k in PAIR_KEY)
+        key = tuple(rec.get(k, 0) for k in PAIR_KEY)  # runs without a build column are build 0
         groups.setdefault(key, {})[rec["sharing"]] = rec["run_id"]
-    keys = sorted(groups, key=lambda k: (wf(k[0]), sc(k[1]), tk(k[2]), k[3], k[4] != "none", k[4]))
+    keys = sorted(groups, key=lambda k: (wf(k[0]), sc(k[1]), tk(k[2]), k[3], k[4], k[5] != "none", k[5]))
     return [groups[k] for k in keys]
 
 

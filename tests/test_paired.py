@@ -174,3 +174,25 @@ def test_outcomes_of_a_real_run(make_cfg, tmp_path):
     cliffs = pd.read_csv(out / "paired_cliffs.csv")
     assert list(cliffs.run_id) == [cfg.run_id] and cliffs.terminal_step.item() == 2
     assert (out / "paired.md").read_text().startswith("Per-problem paired differences")
+
+
+def test_findings_name_per_problem_verdicts_from_the_declared_rows():
+    """The report's findings line on per-problem SP - IP reads the declared primary rows of paired.csv: a cell
+    with a difference is named with its interval, and when none has one the line says so with the largest."""
+    from marlflow.report.findings import per_problem_line
+
+    rng = np.random.default_rng(1)
+    rows, runs = [], {}
+    easy = rng.random(200)
+    for seed in range(6):
+        base = rng.random(200) < easy
+        better = base | (rng.random(200) < 0.3)
+        rows += _outcomes(f"v-sp-s{seed}", "voting", "sp", seed, {0: base, 10: better})
+        rows += _outcomes(f"v-ip-s{seed}", "voting", "ip", seed, {0: base, 10: base})
+        runs |= {f"v-sp-s{seed}": 10, f"v-ip-s{seed}": 10}
+    pairs = paired_contrasts(outcomes_frame(rows), _summary(runs))
+    line = per_problem_line(pairs)
+    assert "voting math: sp higher" in line and "2 rows at 0.975 each" in line
+    null = pairs.assign(verdict=pairs["verdict"].where(pairs["at"] != "heldout", "no difference shown"))
+    assert "no difference shown in any (largest: " in per_problem_line(null)
+    assert per_problem_line(None) is None and per_problem_line(pairs.iloc[0:0]) is None

@@ -299,6 +299,29 @@ def band_warning(summary: pd.DataFrame) -> str | None:
     )
 
 
+def per_problem_line(pairs: pd.DataFrame | None) -> str | None:
+    """The per-problem SP - IP verdicts (paired.csv, analysis.paired: the declared primary rows) in one line:
+    which cells show a difference at the declared corrected level, else that none does, with the largest
+    difference; None without per-problem outcomes."""
+    if pairs is None or pairs.empty:
+        return None
+    rows = pairs[(pairs["contrast"] == "sp-ip") & (pairs["verdict"] != "descriptive")]
+    if rows.empty:
+        return None
+    shown = rows[rows["verdict"] != "no difference shown"]
+    level = float(rows["ci_level"].iloc[0])
+    where = lambda r: f"{r['workflow']} {r['task']}"  # noqa: E731
+    if len(shown):
+        found = "; ".join(f"{where(r)}: {r['verdict']} ({r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}])"
+                          for r in shown.to_dict("records"))  # fmt: skip
+    else:
+        big = rows.loc[rows["diff"].abs().idxmax()]
+        found = f"no difference shown in any (largest: {where(big)} {big['diff']:+.3f} [{big['lo']:+.3f}, {big['hi']:+.3f}])"
+    return esc(
+        f"Per problem (paired.md, as declared; {len(rows)} rows at {level:.4g} each, at the step validation chose): {found}"
+    )
+
+
 def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[str]:
     """The box at the top of the overview: seeds banner, best and worst cells, SP vs IP, cliffs, failures."""
     summary = with_peak_se(tables["summary"], metrics)
@@ -321,6 +344,8 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
     sp_ip = sp_ip_lines(tables.get("contrasts.csv"), summary)
     task_line = per_task_line(tables.get("claims.csv"))
     sp_ip += [task_line] if task_line else []
+    paired = per_problem_line(tables.get("paired.csv"))
+    sp_ip += [paired] if paired else []
     con = tables.get("contrasts.csv")
     if one_seed(s):
         how = "one seed pair each, so no CI; eval noise = 2 x the SE of the two test evals at the held-out peaks"
@@ -343,7 +368,7 @@ def findings_section(tables: dict[str, object], metrics: pd.DataFrame) -> list[s
         "<section id='findings' class='findings'><h2>Findings</h2>",
         head,
         f"<ul>{''.join(items)}</ul>",
-        "<p class='note'>From summary.parquet, contrasts.csv, failures.csv and the runs' metrics; details in the "
+        "<p class='note'>From summary.parquet, contrasts.csv, paired.csv, failures.csv and the runs' metrics; details in the "
         "sections below.</p></section>",
     ]
 

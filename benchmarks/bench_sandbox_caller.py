@@ -1,6 +1,8 @@
 """The caller's cost per hostile job: CPU seconds, wall seconds and memory spent in the trainer's process.
 
-Runs every hostile program of tests/test_sandbox_caller.py (HOSTILE) through `verify_many` (cache off),
+Runs every hostile program of tests/test_sandbox_caller.py (HOSTILE) and tests/test_sandbox_round3.py
+(CALLER_WORK: a quadratic-regex program, 4 MiB of short stdout lines, big test constants, a flood of
+error records) through `verify_many` (cache off),
 each in a fresh Python process that imports `marlflow.sandbox` from `--src` (default: this checkout;
 give an older checkout's src/ to compare). Reports per job: the status, wall seconds, the caller's own
 CPU seconds (time.process_time of that process: its threads, not the sandbox workers), the peak of
@@ -53,13 +55,19 @@ def main() -> int:
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     from test_sandbox_caller import HOSTILE, TIMEOUT
+    from test_sandbox_round3 import CALLER_WORK
 
     env = dict(os.environ, PYTHONPATH=a.src, OMP_NUM_THREADS="1")
     rows = []
+    jobs = {}
     for name, (code, tests, entry, _, _) in HOSTILE.items():
         job = {"code": code, "tests": tests, "timeout": TIMEOUT.get(name, 5), "memory_mb": 512}
         if entry:
             job["entry_point"] = entry
+        jobs[name] = job
+    for name, (job, _, _) in CALLER_WORK.items():
+        jobs[name] = dict({"timeout": 5}, **job, memory_mb=512)
+    for name, job in jobs.items():
         try:
             out = subprocess.run(
                 [sys.executable, "-c", CHILD],

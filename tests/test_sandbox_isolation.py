@@ -163,7 +163,8 @@ def test_each_class_is_contained_and_nothing_outlives_it(world, deployment, monk
         info = pool._all[0].info
         if deployment == "no_landlock":
             assert info["landlock_abi"] == 0, info
-        workers = {w.proc.pid for w in pool._all}
+        # Each worker's zygote (docs/sandbox.md) lives as long as its worker.
+        workers = {w.proc.pid for w in pool._all} | {w.info.get("zygote") for w in pool._all}
         jobs = [_job(n, world, hook) for hook in (True, False) for n in names]
         got = pool.map(jobs)
         for job, r in zip(jobs, got):
@@ -172,9 +173,10 @@ def test_each_class_is_contained_and_nothing_outlives_it(world, deployment, monk
             assert not r.passed and r.status in ("failed", "crashed", "memory"), (name, hook, r)
             if not hook:
                 assert "SandboxViolation" not in r.detail, (name, r.detail)
-        assert {w.proc.pid for w in pool._all} == workers, "a hostile program killed its worker"
-        # Nothing the programs forked is alive while the pool still is (the workers' own are gone too).
-        leftover = _descendants(os.getpid()) - before - workers
+        assert {w.proc.pid for w in pool._all} <= workers, "a hostile program killed its worker"
+        # Nothing the programs forked is alive while the pool still is (the workers' own are gone too; each
+        # worker's candidate for its next job waits, cloned ahead).
+        leftover = _descendants(os.getpid()) - before - workers - {w.waiting for w in pool._all}
         assert not leftover, f"processes outlive their verdicts: {leftover}"
         assert pool.map([HEALTHY])[0].passed, "the pool must keep working"
     _no_message(world["server"])
@@ -242,7 +244,8 @@ def test_without_the_kernel_layers_the_pool_refuses_loudly(monkeypatch, capfd):
     monkeypatch.setenv("MARLFLOW_SANDBOX_ALLOW_WEAK", "1")
     with sandbox.SandboxPool(1) as pool:
         pool.start()
-        assert pool._all[0].info["missing"] == ["netns", "view", "pidns"]
+        # As root, with no view the sandbox uid may not reach a Python under /root: then that is missing too.
+        assert pool._all[0].info["missing"][:3] == ["netns", "view", "pidns"]
         assert pool.map([HEALTHY])[0].passed
 
 

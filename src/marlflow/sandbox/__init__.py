@@ -1,8 +1,10 @@
 """Run untrusted, model-written Python against tests; the verdict is decided where the program cannot reach.
 
-The candidate runs in a fresh forked process (own session and process group, CPU-time, address-space,
-process-count and file-size limits, a private tmpfs working directory, scrubbed environment, no network,
-wall-clock deadline). It is given only the program and the arguments of the calls to make (or a stdin);
+The candidate runs in a fresh process cloned by a zygote that never held any job (so nothing of another
+job is in its memory; own session and process group, CPU-time, address-space, process-count and
+file-size limits, a private tmpfs working directory, scrubbed environment, no network, wall-clock
+deadline). Native code is assumed: the kernel layers below are the boundary, the audit hook only
+refuses early and readably. It is given only the program and the arguments of the calls to make (or a stdin);
 it sends back each return value in a strict encoding (exact builtin types, no subclasses). The caller of
 the pool keeps the expected values and compares: an object whose `==` always says yes, a patched harness
 or builtins, a frame walk into the harness: none of them can reach the comparison.
@@ -12,25 +14,35 @@ or builtins, a frame walk into the harness: none of them can reach the compariso
   its limits. Tests of other shapes (loops, helpers, random inputs) run in a separate judge process forked
   after the candidate, which calls the candidate's functions over a pipe; only the judge can write its
   verdict. A name the tests define (helper, constant) is always the tests', never the program's. In the
-  judge, arguments and return values share identities (`_result.Shared`): an argument the program
-  mutates is mutated in the tests' own object, `f(a) is a` holds exactly when it would in plain Python,
-  and an exception of a builtin type reaches the tests as that type (`except ValueError` works).
+  judge, arguments and return values share identities through a mirror kept on both sides (`_child._call`:
+  every container that crossed and both sides still hold, synchronised both ways at every call): an
+  argument the program mutates, now or in a later call, is mutated in the tests' own object, `f(a) is a`
+  and `f() is f()` hold exactly when they would in plain Python, an iterator consumed after its inputs
+  changed is refused (`error`), and an exception of a builtin type reaches the tests as that type.
 - The caller (the trainer's process) does bounded work per job: untrusted records are size- and
   bracket-counted before they are parsed, dicts/sets whose keys share hashes are refused before they
   are built, and any failure while judging one job becomes that job's `error` verdict.
 - stdin/stdout tests: the whole stdout is compared by the caller, up to STDOUT_LIMIT (4 MiB); a program
   that prints more gets `output_limit`, never `passed`.
 - Layers (docs/sandbox.md has which hold in which deployment, and how to run each): the candidate is
-  PID 1 of its own PID, mount and IPC namespaces (its death kills everything it started; it cannot name
+  PID 1 of its own PID, mount, IPC and UTS namespaces (its death kills everything it started; it cannot name
   any other process) and chroots into a read-only view holding only the Python install, three devices
   and its working dir (a noexec, size-capped tmpfs), so nothing else can be opened, stat'ed or listed; a
   network namespace; a seccomp filter (no memfd/SysV/POSIX shared memory, no exec, no fork, no changing
-  any scheduling, no new namespaces, no ptrace); uid 65534 when run as root, every capability dropped;
+  any scheduling, no new namespaces, no ptrace, no sync, xattrs, file locks or page-cache probes); a
+  uid of its worker's own when run as root (checked at start), every capability dropped;
   Landlock where the kernel has it (no execve, no TCP, scoped signals); no_new_privs; rlimits; an audit
   hook (`_guard`) refusing processes, sockets, ctypes and private modules, extension modules from outside
   the Python install, frame/gc introspection, directory fds and chdir outside the working dir, and writes
   outside it. Where the kernel refuses the namespaces or seccomp, the pool refuses to run programs
   (RuntimeError at start) unless MARLFLOW_SANDBOX_ALLOW_WEAK=1; without Landlock it warns.
+
+- The caller's situation: a pool belongs to the process that made it (in a forked child `verify_many`
+  starts a new one, a SandboxPool raises), workers outlive the thread that started them, the worker
+  sets its own umask and fd limit, and `close()` wakes every waiting job (SandboxUnavailable).
+- Input contract: a job is one kind of test (Python tests, a stdio or calls marker as the whole first
+  line, or stdin/expect); anything else, unknown job keys and call arguments that are not a list are a
+  ValueError. The verdict cache's key holds every job field and the MARLFLOW_SANDBOX_* switches.
 
 Statuses: passed, failed, timeout, memory, crashed, syntax_error, output_limit, error (the job could not
 be judged: tests that do not compile or nest too deeply, an answer over the decoding budget, a failure

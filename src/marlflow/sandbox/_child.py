@@ -14,6 +14,7 @@ only ever read as data (`R` return value, `X` exception in a call, `E` exception
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import io
 import json
@@ -27,6 +28,7 @@ import types
 
 from marlflow.sandbox._guard import (
     _BUILTINS,
+    _ENCODING,
     make_audit_hook,
     neuter_private_modules,
     restore_modules,
@@ -48,6 +50,7 @@ from marlflow.sandbox._kernel import (
 from marlflow.sandbox._result import (
     RESULT_LIMIT,
     SANDBOX_UID,
+    WORKDIR_INODES,
     WORKDIR_MB,
     WRAPPER_NAMES,
     Shared,
@@ -73,7 +76,11 @@ def _limits(timeout: float, memory_mb: int) -> None:
     rl(resource.RLIMIT_CPU, (cpu, cpu + 1))
     rl(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
     rl(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-    rl(resource.RLIMIT_NOFILE, (256, 256))
+    try:
+        rl(resource.RLIMIT_NOFILE, (256, 256))  # the same for every candidate, whatever the worker's
+    except (ValueError, OSError):  # an unprivileged worker whose hard limit is lower (>= 64, checked)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        rl(resource.RLIMIT_NOFILE, (hard, hard))
     rl(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-big write raises OSError instead of killing
 
@@ -147,20 +154,28 @@ def _confine(job: dict, workdir: str, inside: str, roots: list[str], exit_) -> N
     if layers.get("pidns") or _libc.unshare(_CLONE_NEWNS) == 0:
         if not base:
             _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-        opts = f"size={WORKDIR_MB}m,mode=0700" + (
-            f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if job.get("drop_uid") else ""
+        # nr_inodes: without it a job's empty files and extended attributes pin kernel memory past the
+        # size limit (setxattr is refused by seccomp as well).
+        uid = job.get("uid", SANDBOX_UID)
+        opts = f"size={WORKDIR_MB}m,nr_inodes={WORKDIR_INODES},mode=0700" + (
+            f",uid={uid},gid={uid}" if job.get("drop_uid") else ""
         )
         flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
         if _libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", flags, opts.encode()) != 0 and base:
             raise OSError("cannot mount the working directory's tmpfs")
+    if layers.get("pidns"):  # its own UTS namespace: a hostname of its own, not the host's
+        _libc.sethostname(b"sandbox", 7)
     if base:
         os.chroot(base)  # the view: the Python install (read-only), three devices, the working dir
     os.chdir(inside)
     if job.get("drop_uid"):
+        # A uid of this worker's own (`_supervisor`): RLIMIT_NPROC counts the tasks of one uid host-wide,
+        # so a shared uid would let one job's threads fail another's.
+        uid = job.get("uid", SANDBOX_UID)
         resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
         os.setgroups([])
-        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     # Root that cannot drop its uid, and an unprivileged supervisor's child (which holds every
     # capability of the supervisor's user namespace), shed them all.
     _drop_capabilities()
@@ -232,6 +247,7 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         exit_(0)
     write(res, b"Y\n")
     reader = os.fdopen(fds["req"], "rb")
+    mirror = Shared()  # every container that crossed and the tests still hold, numbered as the judge's
     while True:
         try:
             line = reader.readline()
@@ -240,10 +256,10 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         if not line:
             exit_(0)
         try:
-            fn, args, kwargs = json.loads(line)
+            fn, args, kwargs, keep, pre = json.loads(line)
         except BaseException:  # noqa: BLE001
             exit_(1)
-        out = _call(ns, fn, args, kwargs, shared=True) + b"\n"
+        out = _call(ns, fn, args, kwargs, shared=mirror, sync=(keep, pre)) + b"\n"
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
         try:
@@ -254,17 +270,25 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
             exit_(1)
 
 
-def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: bool = False) -> bytes:
+def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: Shared | None = None, sync=None) -> bytes:
     """One call of the program's function, answered as ["ok", value] or ["err", {type, msg, errno}].
     `wrappers` ([name, args, kwargs] of builtins in WRAPPER_NAMES, innermost first) are applied here, to
-    the real return value under this process's limits. `shared` (the judge's calls): arguments and answer
-    share one `Shared` numbering, and the answer carries the arguments' contents after the call as a
-    third element, so the judge sees mutation and identity as plain Python would."""
-    nodes: list = []
+    the real return value under this process's limits. `shared` (the judge's calls): the mirror, every
+    container that crossed in any call so far and the tests still hold, numbered as the judge numbers
+    them (`_mirror_sync`): `sync` = (the numbers the judge keeps, their contents in the tests now) is
+    applied first, arguments and answer use the same numbering, and the answer carries the contents of
+    every mirrored container after the call, so the judge sees identity (across calls too), aliasing and
+    mutation (of an argument the program kept from an earlier call too) as plain Python would."""
+    nodes: list = shared.objs if shared is not None else []
+    a = k = out = None
     try:
         f = _resolve(ns, fn)
-        a = from_wire(args, refs=ns, nodes=nodes if shared else None)
-        k = from_wire(kwargs, refs=ns, nodes=nodes if shared else None)
+        if shared is not None:
+            _mirror_apply(shared, *sync)
+        a = from_wire(args, refs=ns, nodes=nodes if shared is not None else None)
+        k = from_wire(kwargs, refs=ns, nodes=nodes if shared is not None else None)
+        if shared is not None:
+            _reindex(shared)
         out = f(*a, **k)
         for name, extra, kw in wrappers:
             if name not in WRAPPER_NAMES:
@@ -278,14 +302,29 @@ def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: bool = False) ->
                              # the nearest builtin class: `except ValueError` catches json.JSONDecodeError
                              "base": next((c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"), "")}  # fmt: skip
     try:
-        memo = Shared(nodes) if shared else None
-        states = [_contents(n, memo) for n in nodes] if shared else None
+        # The program may have rebound a builtin or a module attribute during the call: the encoding
+        # below uses them, so they are put back first (as before the first call).
+        restore_modules(_ENCODING)
+        memo = shared
+        states = _mirror_states(shared) if shared is not None else None
         wire = to_wire(value, memo=memo) if tag == "ok" else value
-        out = json.dumps([tag, wire] + ([states] if shared else []), separators=(",", ":")).encode()
+        extra = []
+        if shared is not None:
+            # Only what the program still holds can change later or come back: the rest leaves the
+            # mirror on both sides (so the mirror, and each call's cost, stays as small as the state the
+            # program keeps between calls).
+            a = k = out = value = None
+            keep = _live(shared)
+            extra = [states, keep]
+        out = json.dumps([tag, wire] + extra, separators=(",", ":")).encode()
         if len(out) > RESULT_LIMIT:
             raise ValueError(f"return value over {RESULT_LIMIT} bytes encoded")
+        if shared is not None:
+            _compact(shared, keep)
         return out
     except BaseException as e:  # noqa: BLE001
+        if shared is not None:
+            _compact(shared, [])  # the judge drops its mirror too on an answer without one
         info = {"type": type(e).__name__, "msg": str(e)[:300] if _plain_str(e) else "", "errno": None}
         try:
             return json.dumps(["err", info]).encode()
@@ -300,13 +339,60 @@ def _plain_str(e: BaseException) -> bool:
         return False
 
 
+MIRROR_MAX = 100_000  # containers the mirror may hold (each call sends all their contents both ways)
+
+
+def _reindex(m: Shared) -> None:
+    """`m.ids` for the containers `from_wire` appended to `m.objs` (it fills the list only)."""
+    for i in range(len(m.ids), len(m.objs)):
+        m.ids[id(m.objs[i])] = i
+    if len(m.ids) != len(m.objs):
+        m.ids = {id(o): i for i, o in enumerate(m.objs)}
+
+
+def _compact(m: Shared, keep) -> None:
+    """Keep only the mirror's numbers `keep` (a sorted list), renumbered 0, 1, ...; ValueError if malformed."""
+    if type(keep) is not list or any(type(i) is not int for i in keep):
+        raise ValueError("malformed mirror")
+    if keep != sorted(set(keep)) or (keep and not 0 <= keep[0] <= keep[-1] < len(m.objs)):
+        raise ValueError("malformed mirror")
+    m.objs[:] = [m.objs[i] for i in keep]
+    m.ids = {id(o): i for i, o in enumerate(m.objs)}
+
+
+def _mirror_apply(m: Shared, keep, pre) -> None:
+    """Keep only the numbers `keep` (renumbered 0..), then give each container the contents `pre[k]`
+    (containers first seen in `pre` are appended in order, as the judge numbered them)."""
+    if type(pre) is not list:
+        raise ValueError("malformed mirror")
+    _compact(m, keep)
+    for k, state in enumerate(pre):
+        if k >= len(m.objs):
+            raise ValueError("malformed mirror")
+        _update(m.objs[k], state, m.objs)
+    _reindex(m)
+
+
+def _mirror_states(m: Shared) -> list:
+    """The contents of every mirrored container now (containers first met here are added and sent too)."""
+    states, k = [], 0
+    while k < len(m.objs):
+        if k >= MIRROR_MAX:
+            raise ValueError(f"more than {MIRROR_MAX} containers shared between the tests and the program")
+        states.append(_contents(m.objs[k], m))
+        k += 1
+    return states
+
+
 def _contents(node, memo):
     """What a container argument holds now, for the judge to copy into its own object (see `_call`);
     None for tuples and frozensets, which cannot change."""
     t = type(node)
     if t is list:
         return [to_wire(x, 1, memo) for x in node]
-    if t is dict:
+    if t is collections.OrderedDict:  # its own order, as iterating it in the tests gives
+        return [[to_wire(k, 1, memo), to_wire(x, 1, memo)] for k, x in collections.OrderedDict.items(node)]
+    if t in (dict, collections.Counter, collections.defaultdict):
         return [[to_wire(k, 1, memo), to_wire(x, 1, memo)] for k, x in dict.items(node)]
     if t is set:
         return [to_wire(x, 1, memo) for x in node]
@@ -431,21 +517,112 @@ def judge(job: dict, fds: dict, roots: list[str]):
     except BaseException as e:  # noqa: BLE001
         # Tests that end with sys.exit(0) (unittest.main()) passed, as the script would on its own. (The
         # program's own SystemExit reaches the tests as CandidateError, never as SystemExit.)
-        if not (stage == "tests" and type(e) is SystemExit and e.code in (None, 0)):
+        if not (stage == "tests" and type(e) is SystemExit and e.code in (None, 0)) and not _REFUSED:
             info = _RAISED["info"] if _RAISED and _RAISED.get("exc") is e else None
             _record(write, verdict, b"E", e, "candidate" if info is not None else stage)
             if info is not None:
                 write(verdict, b"C" + json.dumps(info).encode() + b"\n")
             exit_(1)
+    if _REFUSED:  # also when the tests caught the refusal: never PASS
+        _record(write, verdict, b"E", _REFUSED[0], "refused")
+        exit_(1)
     write(verdict, b"PASS\n")
     exit_(0)
 
 
+class JudgeRefusal(BaseException):
+    """The judge cannot give plain Python's verdict for what the tests just did (a BaseException: tests
+    catching Exception do not swallow it; `_REFUSED` keeps it even if they catch it)."""
+
+
+_REFUSED: list = []
+_CALLS = [0]  # calls of the program's functions the tests made so far
+
+
+def _refuse(why: str):
+    e = JudgeRefusal(why)
+    _REFUSED[:] = [e]
+    raise e
+
+
+class _Drained:
+    """An iterator (a generator, map, ...) the program returned: the candidate drained it when the call
+    returned, where plain Python would run it as the tests consume it. The two agree while nothing it
+    could read has changed, so consuming it after another call of the program, or after the tests changed
+    that call's arguments, is refused (deterministically, with the reason)."""
+
+    def __init__(self, items: list, nodes: list):
+        self._items, self._nodes, self._at = iter(items), nodes, _CALLS[0]
+        self._state = _fingerprint(nodes)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if _CALLS[0] != self._at or _fingerprint(self._nodes) != self._state:
+            _refuse(
+                "refused: the tests consume an iterator the program returned after calling it again or "
+                "changing its arguments; the sandbox drains iterators when the call returns"
+            )
+        return next(self._items)
+
+
+def _fingerprint(nodes: list) -> str:
+    """The contents of a call's arguments now (as `_contents` sends them)."""
+    memo = Shared(nodes)
+    try:
+        return json.dumps([_contents(n, memo) for n in nodes])
+    except (TypeError, ValueError, RecursionError):
+        return ""
+
+
+_MIRROR = Shared()  # the judge's side of the mirror (see `_call`): the tests' own objects
+
+
+def _live(m: Shared) -> list[int]:
+    """The numbers of mirrored containers the tests can still reach: held from outside the mirror
+    (a reference count above the mirror's own), or inside one that is. The others are dropped on both
+    sides (the program may keep its copy; the tests can never look at it again)."""
+    inner: collections.Counter = collections.Counter()
+    for o in m.objs:
+        for c in _children(o):
+            inner[id(c)] += 1
+    # References: the mirror's list, getrefcount's argument, and the inner ones (no loop variable, no
+    # enumerate tuple: either would hold one more).
+    objs = m.objs
+    todo = [i for i in range(len(objs)) if sys.getrefcount(objs[i]) - 2 - inner[id(objs[i])] > 0]
+    seen = set(todo)
+    while todo:
+        for c in _children(m.objs[todo.pop()]):
+            j = m.ids.get(id(c))
+            if j is not None and j not in seen and m.objs[j] is c:
+                seen.add(j)
+                todo.append(j)
+    return sorted(seen)
+
+
+_MIRRORED_DICTS = (dict, collections.Counter, collections.OrderedDict, collections.defaultdict)
+
+
+def _children(o) -> list:
+    t = type(o)
+    if t in (list, tuple, set, frozenset):
+        return list(o)
+    if t in _MIRRORED_DICTS:
+        return [*dict.keys(o), *dict.values(o)]
+    return []
+
+
 def _proxy(name: str, req, resp):
     def call(*args, **kwargs):
-        memo = Shared()
+        _CALLS[0] += 1
+        memo = _MIRROR
         try:
-            msg = json.dumps([name, to_wire(list(args), memo=memo), to_wire(kwargs, memo=memo)],
+            keep = _live(memo)
+            memo.objs[:] = [memo.objs[i] for i in keep]
+            memo.ids = {id(o): i for i, o in enumerate(memo.objs)}
+            pre = _mirror_states(memo)
+            msg = json.dumps([name, to_wire(list(args), memo=memo), to_wire(kwargs, memo=memo), keep, pre],
                              separators=(",", ":"))  # fmt: skip
         except (TypeError, ValueError) as e:
             raise _candidate_exception(
@@ -462,17 +639,29 @@ def _proxy(name: str, req, resp):
             )
         try:
             kind, value, *states = parse_record(line.decode("utf-8", "replace"))
+            nodes = memo.objs
             if states:
-                # The arguments as the program left them: copied into the tests' own objects, in place.
-                nodes = list(memo.objs)
-                if type(states[0]) is not list or len(states[0]) != len(nodes):
+                # Every mirrored container as the program left it: copied into the tests' own objects,
+                # in place (containers first met there are appended, as the program numbered them).
+                if type(states[0]) is not list or len(states[0]) < len(nodes):
                     raise ValueError("malformed argument states")
-                for node, state in zip(list(nodes), states[0]):
-                    _update(node, state, nodes)
+                for k, state in enumerate(states[0]):
+                    if k >= len(nodes):
+                        raise ValueError("malformed argument states")
+                    _update(nodes[k], state, nodes)
+                _reindex(memo)
             if kind == "ok":
-                return from_wire(value, nodes=nodes) if states else from_wire(value)
+                out = from_wire(value, nodes=nodes) if states else from_wire(value)
+                _reindex(memo)
+                if type(value) is dict and value.get("t") == "iter":
+                    out = _Drained(list(out), list(nodes) if states else [])
+            # What the program still holds stays mirrored; the rest is dropped (see `_call`).
+            _compact(memo, states[1] if len(states) > 1 else [])
+            if kind == "ok":
+                return out
             info = value if kind == "err" else {"type": "Malformed"}
         except (ValueError, TypeError, RecursionError):
+            _compact(memo, [])
             info = {"type": "Malformed", "msg": "the program's answer is not a plain builtin value"}
         raise _candidate_exception(info)
 

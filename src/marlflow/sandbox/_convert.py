@@ -53,11 +53,58 @@ class NotConvertible(Exception):
     pass
 
 
+# The caller's work on constants is linear in the tests' text with a hard cap: no value it builds holds
+# more than MAX_CONST_LEN items (or an int of more than MAX_CONST_BITS bits), and the values of one
+# job's calls and expected values hold at most MAX_JOB_ITEMS items in all (`_Walk`). Tests over a cap
+# are not converted: they run in the judge process, under the program's limits.
+MAX_CONST_LEN = 100_000
+MAX_CONST_BITS = 1 << 16
+MAX_JOB_ITEMS = 300_000
+_SIZED = (str, bytes, list, tuple, set, frozenset, dict, range)
+_CONSUMERS = frozenset({"set", "frozenset", "sorted", "tuple", "list", "sum", "min", "max", "dict", "any",
+                        "all", "reversed", "bytes", "str"})  # fmt: skip
+
+
+def _bounded(v):
+    """`v`, or NotConvertible when it is over the caps above."""
+    if isinstance(v, _SIZED) and len(v) > MAX_CONST_LEN:
+        _no()
+    if type(v) is int and v.bit_length() > MAX_CONST_BITS:
+        _no()
+    return v
+
+
+def items(v, budget: int) -> int:
+    """Items (containers and scalars) in value `v`, counting stops past `budget` (so the cost is
+    bounded by the budget, whatever `v` is: a list repeated by reference counts each time)."""
+    n, todo = 0, [v]
+    while todo and n <= budget:
+        x = todo.pop()
+        n += 1
+        if type(x) is dict:
+            x = [*x.keys(), *x.values()]
+        if isinstance(x, list | tuple | set | frozenset | dict):
+            n += len(x)
+            kinds = set(map(type, x))  # C speed: a flat list of numbers is counted, not walked
+            if kinds <= _SCALARS:
+                if str in kinds or bytes in kinds:
+                    n += sum(len(e) for e in x if type(e) in (str, bytes)) // 64
+            else:
+                todo.extend(x)
+        elif isinstance(x, str | bytes):
+            n += len(x) // 64
+    return n
+
+
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
 def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
-    """Value of a constant expression, or NotConvertible. Bounded: no huge powers or repetitions.
-    `env` may hold "__shadowed__": names the program defines, never evaluated here as builtins."""
+    """Value of a constant expression, or NotConvertible. Bounded (see MAX_CONST_LEN): no huge powers,
+    repetitions, ranges consumed or factorials. `env` may hold "__shadowed__": names the program
+    defines, never evaluated here as builtins."""
     if isinstance(node, ast.Constant) and not isinstance(node.value, type(...)):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
         items = [const(e, env, modules) for e in node.elts if not isinstance(e, ast.Starred) or _no()]
         return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
@@ -69,14 +116,15 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
         a, b = const(node.left, env, modules), const(node.right, env, modules)
         if isinstance(node.op, ast.Pow | ast.LShift) and isinstance(b, int) and abs(b) > 4096:
             _no()
-        if (
-            isinstance(node.op, ast.Mult)
-            and any(isinstance(x, int) and x > 100_000 for x in (a, b))
-            and any(isinstance(x, str | bytes | list | tuple) for x in (a, b))
-        ):
+        big = isinstance(a, int) and isinstance(b, int) and a.bit_length() * abs(b) > MAX_CONST_BITS
+        if isinstance(node.op, ast.Pow) and big:
             _no()
+        if isinstance(node.op, ast.Mult):
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, int) and isinstance(y, _SIZED) and x * len(y) > MAX_CONST_LEN:
+                    _no()
         try:
-            return _BIN[type(node.op)](a, b)
+            return _bounded(_BIN[type(node.op)](a, b))
         except Exception as e:  # noqa: BLE001 - e.g. 1/0 in a test: leave it to the fallback
             raise NotConvertible(str(e)) from None
     if isinstance(node, ast.Name):
@@ -91,7 +139,7 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
         _no()
     if isinstance(node, ast.Subscript):
         try:
-            return const(node.value, env, modules)[const(node.slice, env, modules)]
+            return _bounded(const(node.value, env, modules)[const(node.slice, env, modules)])
         except NotConvertible:
             raise
         except Exception as e:  # noqa: BLE001
@@ -103,8 +151,18 @@ def const(node: ast.AST, env: dict, modules: set[str] = frozenset()):
         fn = const_func(node.func, env, modules)
         args = [const(a, env, modules) for a in node.args if not isinstance(a, ast.Starred) or _no()]
         kw = {k.arg: const(k.value, env, modules) for k in node.keywords if k.arg or _no()}
+        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+        if name in _CONSUMERS or name in ("factorial", "comb", "pow"):
+            # Consuming a huge range, a factorial or power of a big number: the caller's time.
+            for x in [*args, *kw.values()]:
+                if isinstance(x, range) and len(x) > MAX_CONST_LEN:
+                    _no()
+                if name != "pow" and isinstance(x, int) and abs(x) > 20_000 and name in ("factorial", "comb"):
+                    _no()
+                if name == "pow" and len(args) == 2 and isinstance(args[1], int) and abs(args[1]) > 4096:
+                    _no()
         try:
-            return fn(*args, **kw)
+            return _bounded(fn(*args, **kw))
         except Exception as e:  # noqa: BLE001
             raise NotConvertible(str(e)) from None
     _no()
@@ -170,7 +228,12 @@ class _Ctx:
                 "v": [self.rename.get(node.func.id, node.func.id), [self.arg(a) for a in node.args]],
             }
         try:
-            return to_wire(const(node, self.env, self.modules))
+            value = const(node, self.env, self.modules)
+            if _aliased(value):
+                # `[[0] * 3] * 3`: the rows are one list in Python; sent as a value they would be three.
+                # The judge passes arguments with their aliasing (`_result.Shared`).
+                _no()
+            return to_wire(value)
         except NotConvertible:
             if isinstance(node, ast.List):
                 return [self.arg(e) for e in node.elts]
@@ -359,6 +422,7 @@ class _Walk:
         self.checks_defs: dict[str, ast.FunctionDef] = {}
         self.calls: list = []
         self.checks: list = []
+        self.budget = MAX_JOB_ITEMS  # items left for the calls' arguments and the expected values
 
     # One frame per level of `check` nesting, called straight from `convert`: the frames under `const`
     # and `_check_for`, which meet the recursion limit on deeply nested tests, are as few as they can be.
@@ -387,7 +451,14 @@ class _Walk:
             ):
                 f = self.checks_defs.get(s.value.func.id)
                 if f is not None and len(s.value.args) == 1 and isinstance(s.value.args[0], ast.Name):
-                    target = s.value.args[0].id
+                    # A check called from a check: its argument is the caller's parameter, i.e. the name
+                    # that parameter stands for (never a program function of the parameter's name).
+                    target = ctx.rename.get(s.value.args[0].id, s.value.args[0].id)
+                    param = f.args.args[0].arg
+                    # A parameter that shadows a name the tests' shapes give a meaning to (a module, a
+                    # builtin, a constant of the tests) is left to the judge, which runs it as Python does.
+                    if param in ctx.modules or param in ctx.env or param in _BUILTIN_NAMES or param in TYPES:
+                        raise NotConvertible(f"check parameter {param!r} shadows a name")
                     only = None if self.only is None else self.only | {target}
                     inner = _Ctx(dict(ctx.env), ctx.modules, ctx.refs, {f.args.args[0].arg: target}, only,
                                  ctx.defined, ctx.tests_own, ctx.reused)  # fmt: skip
@@ -400,6 +471,9 @@ class _Walk:
                 call, check = got
                 if check is None:
                     continue
+                self.budget -= items([call, check.get("expected")], self.budget)
+                if self.budget < 0:
+                    raise NotConvertible("the tests' values are over MAX_JOB_ITEMS")
                 if call is not None:
                     # Wrappers go with the call: the candidate applies them to its real return value.
                     wrappers = [[n, to_wire(list(x)), to_wire(kw)] for n, x, kw in check.pop("wrappers")]
@@ -421,6 +495,26 @@ class _Reused:
         if self.loads is None:
             self.loads = module_names(self.tree)[0]
         return self.loads[name] > 1
+
+
+def _aliased(v) -> bool:
+    """Does value `v` hold one mutable container (list, dict, set, bytearray) at two places? Bounded by
+    MAX_JOB_ITEMS containers visited."""
+    seen: set[int] = set()
+    todo, n = [v], 0
+    while todo and n < MAX_JOB_ITEMS:
+        x = todo.pop()
+        n += 1
+        t = type(x)
+        if t in (list, dict, set, bytearray):
+            if id(x) in seen:
+                return True
+            seen.add(id(x))
+        if t is dict:
+            todo.extend(x.values())
+        elif t in (list, tuple, set, frozenset) and not set(map(type, x)) <= _SCALARS:
+            todo.extend(x)
+    return False
 
 
 def _mutable(v, depth: int = 0) -> bool:

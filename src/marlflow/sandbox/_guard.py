@@ -1,9 +1,10 @@
 """The interpreter layer: a snapshot of common modules and builtins, and the audit hook for the candidate.
 
 Imported before the child and supervisor modules so the snapshot is taken when the worker starts, before
-any job (or anything else in the worker) could have patched a module. The hook is the second line behind
-Landlock and must stand alone on kernels without Landlock: it refuses processes, sockets, ctypes and
-private extension modules (also when loaded under another name), frame and gc introspection, directory
+any job (or anything else in the worker) could have patched a module. The hook is not a boundary (native
+code is assumed: a pure-Python program gets there through a crafted code object); it refuses, early and
+with a readable SandboxViolation, processes, sockets, ctypes and private extension modules (also when
+loaded under another name), frame and gc introspection, directory
 file descriptors and `chdir` outside the working directory (so `dir_fd=` / relative-path tricks cannot
 escape), `..` in relative paths, file writes outside the working directory, and extension modules (native
 code) from anywhere but the read-only Python install. It is not the barrier against native code (native
@@ -184,7 +185,20 @@ def make_audit_hook(workdir: str, read_roots: list[str]):
     return hook
 
 
-def restore_modules() -> None:
+_ENCODING = ("builtins", "json", "collections")  # what encoding an answer uses (`_child._call`)
+
+
+def restore_modules(only: tuple[str, ...] | None = None) -> None:
+    """Put the snapshot's modules and their attributes back; `only`: just these modules (per call: cheap)."""
+    if only is not None:
+        for name in only:
+            mod, snap = _MODULE_SNAPSHOT[name]
+            sys.modules[name] = mod
+            d = mod.__dict__
+            if len(d) != len(snap) or any(d.get(k, d) is not v for k, v in snap.items()):
+                d.clear()
+                d.update(snap)
+        return
     for name, (mod, snap) in _MODULE_SNAPSHOT.items():
         sys.modules[name] = mod
         d = mod.__dict__

@@ -20,6 +20,7 @@ import sys
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
 _CLONE_NEWPID, _CLONE_NEWIPC, _CLONE_THREAD = 0x20000000, 0x08000000, 0x00010000
+_CLONE_NEWUTS, _CLONE_PARENT = 0x04000000, 0x00008000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = (
     1024,
@@ -135,18 +136,23 @@ _ARCH = platform.machine()
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(_ARCH)
 
 
-def _fork_isolated() -> int:
-    """fork(2) into new PID, mount and IPC namespaces: the child is PID 1 of its own namespace, so when it
-    dies the kernel kills every process it left behind, and it cannot name (signal, renice, pin, ptrace)
-    any process outside. Returns the child's pid in the parent, 0 in the child, -1 if the kernel refuses
-    (nothing was forked then). Only for a single-threaded caller: like os.fork, but through the raw clone
+def _fork_isolated(sibling: bool = False, namespaces: bool = True) -> int:
+    """fork(2) into new PID, mount, IPC and UTS namespaces: the child is PID 1 of its own namespace, so
+    when it dies the kernel kills every process it left behind, and it cannot name (signal, renice, pin,
+    ptrace) any process outside. Returns the child's pid in the parent, 0 in the child, -1 if the kernel
+    refuses (nothing was forked then). `sibling`: CLONE_PARENT, the child is this process's parent's
+    child (the zygote forks candidates its supervisor waits for). `namespaces=False`: no new namespace
+    (the weak deployment). Only for a single-threaded caller: like os.fork, but through the raw clone
     syscall (no stack switch, so the child continues on a copy of this stack), with CPython's own fork
     hooks around it."""
-    if _SYS_CLONE is None or _NO_NAMESPACES:
+    if _SYS_CLONE is None or (_NO_NAMESPACES and namespaces):
         return -1
+    flags = (_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS if namespaces else 0) | 17
+    if sibling:
+        flags |= _CLONE_PARENT
     api = ctypes.pythonapi
     api.PyOS_BeforeFork()
-    pid = _libc.syscall(_SYS_CLONE, ctypes.c_ulong(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC | 17), None, None, None, None)  # fmt: skip
+    pid = _libc.syscall(_SYS_CLONE, ctypes.c_ulong(flags), None, None, None, None)
     if pid == 0:
         api.PyOS_AfterFork_Child()
     else:
@@ -225,6 +231,10 @@ _SECCOMP_DENY = {
         "execveat": 322, "kexec_load": 246, "init_module": 175, "finit_module": 313, "keyctl": 250,
         "add_key": 248, "request_key": 249, "open_tree": 428, "move_mount": 429, "fsopen": 430,
         "fsmount": 432, "mount_setattr": 442, "kcmp": 312, "process_madvise": 440,
+        "sync": 162, "syncfs": 306, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "flock": 73,
+        "fadvise64": 221, "readahead": 187, "mincore": 27, "preadv2": 327, "pwritev2": 328,
+        "cachestat": 451, "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
+        "fanotify_init": 300, "sethostname": 170, "setdomainname": 171,
     }),
     "aarch64": (0xC00000B7, {
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186, "semget": 190,
@@ -237,9 +247,17 @@ _SECCOMP_DENY = {
         "init_module": 105, "finit_module": 273, "keyctl": 219, "add_key": 217, "request_key": 218,
         "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsmount": 432, "mount_setattr": 442,
         "kcmp": 272, "process_madvise": 440,
+        "sync": 81, "syncfs": 267, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "flock": 32,
+        "fadvise64": 223, "readahead": 213, "mincore": 232, "preadv2": 286, "pwritev2": 287,
+        "cachestat": 451, "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_init": 262,
+        "sethostname": 161, "setdomainname": 162,
     }),
 }  # fmt: skip
 _CLONE3 = 435
+_SYS_FCNTL = {"x86_64": 72, "aarch64": 25}.get(_ARCH)
+# fcntl commands refused: record locks (classic and OFD: two jobs reading the same read-only file of the
+# install could signal each other through them), leases and dnotify (another job's accesses).
+_FCNTL_DENY = (5, 6, 7, 36, 37, 38, 1024, 1026)
 
 
 def _seccomp_program() -> bytes | None:
@@ -250,12 +268,19 @@ def _seccomp_program() -> bytes | None:
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
     nrs = sorted(set(deny.values()))
-    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4.. jeq deny...; jeq clone; jeq clone3; ret allow;
-    # ld args[0]; jset CLONE_THREAD; ret eperm (fall through); ret allow; ret enosys; ret kill.
-    body = [(ld, 0, 0, 4), None, (ld, 0, 0, 0), None] + [None] * len(nrs) + [None, None, (ret, 0, 0, allow)]
+    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4.. jeq deny...; jeq clone; jeq clone3; jeq fcntl;
+    # ret allow; [fcntl: ld args[1]; jeq cmd (to eperm)...; ret allow]; ld args[0]; jset CLONE_THREAD;
+    # ret eperm (fall through); ret allow; ret enosys; ret kill.
+    body = [(ld, 0, 0, 4), None, (ld, 0, 0, 0), None] + [None] * len(nrs) + [None, None, None]
+    body.append((ret, 0, 0, allow))
+    fcntl_at = len(body)
+    body += [(ld, 0, 0, 24)] + [None] * len(_FCNTL_DENY) + [(ret, 0, 0, allow)]
     clone_at = len(body)
     body += [(ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD)]
     deny_at = len(body)
+    for i in range(len(_FCNTL_DENY)):
+        at = fcntl_at + 1 + i
+        body[at] = (jeq, deny_at - at - 1, 0, _FCNTL_DENY[i])
     body += [(ret, 0, 0, eperm), (ret, 0, 0, allow), (ret, 0, 0, enosys), (ret, 0, 0, kill)]
     allow_at, enosys_at, kill_at = deny_at + 1, deny_at + 2, deny_at + 3
     body[1] = (jeq, 0, kill_at - 2, arch)
@@ -267,6 +292,7 @@ def _seccomp_program() -> bytes | None:
     at = 4 + len(nrs)
     body[at] = (jeq, clone_at - at - 1, 0, _SYS_CLONE)
     body[at + 1] = (jeq, enosys_at - at - 2, 0, _CLONE3)
+    body[at + 2] = (jeq, fcntl_at - at - 3, 0, _SYS_FCNTL)
     del allow_at
     return b"".join(struct.pack("=HBBI", *ins) for ins in body)
 

@@ -10,11 +10,11 @@ import atexit
 import collections
 import contextlib
 import os
-import queue
 import selectors
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from marlflow.sandbox._result import SandboxResult, show
@@ -50,6 +50,9 @@ class _Worker:
     def __init__(self):
         import subprocess  # not at module level: the worker itself must not import it
 
+        self.closed = False
+        self.waiting = None
+
         pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         boot = (
             f"import sys; sys.path.insert(0, {pkg_parent!r}); "
@@ -79,9 +82,13 @@ class _Worker:
         fd = self.proc.stdout.fileno()
         sel = selectors.DefaultSelector()
         sel.register(fd, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
         try:
-            if not sel.select(timeout):
-                return None
+            # In slices: `close()` from another thread (SandboxPool.close) must wake this reader, and an
+            # epoll set forgets a pipe closed under it.
+            while not sel.select(min(0.25, max(0.0, deadline - time.monotonic()))):
+                if self.closed or time.monotonic() >= deadline:
+                    return None
         finally:
             sel.close()
         import json
@@ -100,11 +107,21 @@ class _Worker:
                 _send(self.proc.stdin.fileno(), part or {})
         except (BrokenPipeError, OSError):
             return None
-        return self._read(float(head["timeout"]) + 30.0)
+        try:
+            raw = self._read(float(head["timeout"]) + 30.0)
+            if isinstance(raw, dict):
+                self.waiting = raw.get("waiting")  # this worker's candidate cloned ahead for the next job
+            return raw
+        except (OSError, ValueError):  # closed by another thread while reading
+            if self.closed:
+                return None
+            raise
 
     def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()  # dead before its pipes are closed: a reader sees EOF, not a closed fd
         with contextlib.suppress(Exception):
             self.proc.stdin.close()
             self.proc.stdout.close()
@@ -112,45 +129,86 @@ class _Worker:
 
 
 class SandboxPool:
-    """`max_workers` long-lived sandbox workers; each forks a fresh child per program.
+    """`max_workers` long-lived sandbox workers; each starts a fresh candidate per program.
     A worker that dies (or hangs, or whose job went wrong) is replaced. Use as a context manager or
-    call `close()`. Jobs are validated before any worker is taken, so a bad job cannot wedge the pool."""
+    call `close()`, which wakes every job waiting for a worker (SandboxUnavailable). Jobs are validated
+    before any worker is taken, so a bad job cannot wedge the pool. A pool belongs to the process that
+    made it: in a forked child (multiprocessing's default start method on Linux) it raises instead of
+    waiting on threads and workers that are the parent's (`verify_many` starts a new shared pool there).
+    Workers outlive the thread that started them."""
 
     def __init__(self, max_workers: int | None = None):
         self.max_workers = max(1, max_workers or os.cpu_count() or 1)
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
+        self._starting = 0
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._exec = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
         self._closed = False
+        self._pid = os.getpid()
         self.programs_run = 0  # programs handed to workers; the cache test counts these
 
+    def _owned(self) -> None:
+        """RuntimeError in any process but the one that made this pool (a forked child), or once closed."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this SandboxPool belongs to process {self._pid}; process {os.getpid()} is a fork of it and "
+                "cannot use its workers or threads: make a new SandboxPool in this process (verify_many does)"
+            )
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+
     def _acquire(self) -> _Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise SandboxUnavailable("the SandboxPool was closed while this job waited for a worker")
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._all) + self._starting < self.max_workers:
+                    self._starting += 1
+                    break
+                self._cond.wait()
         try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            if len(self._all) < self.max_workers:
-                w = _Worker()
+            w = _Worker()
+        finally:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify_all()
+        with self._cond:
+            if not self._closed:
                 self._all.append(w)
                 return w
-        return self._idle.get()
+        w.close()
+        raise SandboxUnavailable("the SandboxPool was closed while this job waited for a worker")
+
+    def _release(self, w: _Worker) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(w)
+                self._cond.notify()
+                return
+        w.close()
 
     def start(self) -> SandboxPool:
         """Start all workers now (otherwise they start on first use)."""
-        with self._lock:
-            while len(self._all) < self.max_workers:
-                w = _Worker()
-                self._all.append(w)
-                self._idle.put(w)
+        self._owned()
+        got = []
+        try:
+            while len(got) < self.max_workers and len(self._all) < self.max_workers:
+                got.append(self._acquire())
+        finally:
+            for w in got:
+                self._release(w)
         return self
 
     def _retire(self, w: _Worker) -> None:
         w.close()
-        with self._lock:
+        with self._cond:
             if w in self._all:
                 self._all.remove(w)
+            self._cond.notify_all()
 
     def _once(self, head: dict, part: dict | None) -> dict | None:
         try:
@@ -166,7 +224,9 @@ class SandboxPool:
             if raw is None:
                 self._retire(w)  # also on an exception: the worker's protocol state is unknown
             else:
-                self._idle.put(w)
+                self._release(w)
+        if raw is None and self._closed:
+            raise SandboxUnavailable("the SandboxPool was closed while this job ran")
         return raw
 
     def run_prepared(self, p: Prepared) -> SandboxResult:
@@ -200,21 +260,28 @@ class SandboxPool:
 
     def run(self, job, timeout: float = 5.0, memory_mb: int = 1024) -> SandboxResult:
         """One job: (code, tests), (code, tests, stdin, expect) or a dict (see `verify_many`)."""
-        return self.run_prepared(prepare(job, timeout, memory_mb))
+        p = prepare(job, timeout, memory_mb)
+        self._owned()
+        return self.run_prepared(p)
 
     def map(self, jobs, timeout: float = 5.0, memory_mb: int = 1024) -> list[SandboxResult]:
-        if self._closed:
-            raise RuntimeError("SandboxPool is closed")
+        self._owned()
         prepared = _prepare_all(jobs, timeout, memory_mb)
         return list(self._exec.map(self.run_prepared, prepared))
 
     def close(self) -> None:
-        self._closed = True
+        """Stop the workers and wake every job waiting for one. In a forked child, only marks the pool
+        closed: its workers are the parent's."""
+        if os.getpid() != self._pid:  # (its lock may have been held by another thread at the fork)
+            self._closed = True
+            return
+        with self._cond:
+            self._closed = True
+            workers, self._all, self._idle = list(self._all), [], []
+            self._cond.notify_all()
+        for w in workers:  # a job running on one gets EOF at once and raises SandboxUnavailable
+            w.close()
         self._exec.shutdown(wait=True)
-        with self._lock:
-            for w in self._all:
-                w.close()
-            self._all.clear()
 
     def __enter__(self):
         return self
@@ -247,9 +314,22 @@ def _chars(r: SandboxResult) -> int:
 def _pool(max_workers: int | None) -> SandboxPool:
     n = max(1, max_workers or os.cpu_count() or 1)
     with _POOLS_LOCK:
-        if n not in _POOLS:
+        if n not in _POOLS or _POOLS[n]._pid != os.getpid():
             _POOLS[n] = SandboxPool(n)
         return _POOLS[n]
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no shared pool (the parent's workers and threads are not its own; they
+    are left alone, never closed from here) and fresh locks (another thread may have held them)."""
+    global _POOLS_LOCK, _CACHE_LOCK
+    _POOLS_LOCK, _CACHE_LOCK = threading.Lock(), threading.Lock()
+    for p in _POOLS.values():
+        p._closed = True
+    _POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
@@ -299,8 +379,7 @@ def verify_many(
     todo = {k: p for k, p in zip(keys, prepared) if k not in results}
     if todo:
         pool = _pool(max_workers)
-        if pool._closed:
-            raise RuntimeError("SandboxPool is closed")
+        pool._owned()
         fresh = list(pool._exec.map(pool.run_prepared, todo.values()))
         for (k, p), r in zip(todo.items(), fresh):
             results[k] = r

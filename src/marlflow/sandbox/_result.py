@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import collections
+import itertools
 import json
 import math
+import re
 import reprlib
 import signal
 from dataclasses import asdict, dataclass
@@ -30,6 +32,10 @@ MAX_TIMEOUT = 600.0  # seconds; a job may ask for less, never for more
 MAX_MEMORY_MB = 256 * 1024
 TMP_PREFIX = "marlflow-sbx-"
 WORKDIR_MB = 64  # size of the per-program tmpfs working directory
+WORKDIR_INODES = 4096  # files and directories in it
+SANDBOX_UID_BASE = (
+    1 << 30
+)  # + the worker's pid: each worker's candidates run as a uid of their own (root only)
 MAX_DEPTH = 100  # nesting depth of an encoded value
 MAX_ITEMS = 1_000_000  # items drawn from a returned iterator
 # Caller-side decoding budget for one encoded answer (RESULT_LIMIT bytes at most): containers allowed
@@ -70,10 +76,21 @@ def stdio_tests(cases) -> str:
 
 
 def outputs_match(got: str, expected: str) -> bool:
-    """Whitespace-insensitive line comparison, the usual rule for competitive-programming judges."""
-    g = [ln.split() for ln in got.strip().splitlines()]
-    e = [ln.split() for ln in expected.strip().splitlines()]
-    return [x for x in g if x] == [x for x in e if x]
+    """Whitespace-insensitive line comparison, the usual rule for competitive-programming judges: the
+    non-blank lines (str.splitlines' line breaks), each as its whitespace-separated words, are equal.
+    One line at a time: the caller's memory is the longest line, not a list per line (4 MiB of short
+    lines were hundreds of MiB as lists)."""
+    return all(a == b for a, b in itertools.zip_longest(_words(got), _words(expected)))
+
+
+_LINE = re.compile(r"[^\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")  # str.splitlines' breaks
+
+
+def _words(text: str):
+    for m in _LINE.finditer(text):
+        words = m.group().split()
+        if words:
+            yield words
 
 
 def check_limits(timeout, memory_mb) -> tuple[float, int]:
@@ -184,6 +201,8 @@ _ITERS = tuple(
 
 
 _SHARED = (list, tuple, set, frozenset, dict, bytearray, *_DICTS)  # containers whose identity can be kept
+_DICT_TAGS = {dict: "dict", collections.Counter: "Counter", collections.OrderedDict: "OrderedDict",
+              collections.defaultdict: "defaultdict"}  # fmt: skip
 _PENDING = object()  # a tuple/frozenset being decoded: referring to it from inside is malformed
 
 
@@ -224,8 +243,14 @@ def to_wire(v, depth: int = 0, memo: Shared | None = None):
     if t is tuple or t is set or t is frozenset:
         return {"t": t.__name__, "v": [to_wire(x, d, memo) for x in v]}
     if t is dict or t in _DICTS:
-        # collections' dict types go as plain dicts: their contents, read with dict's own methods.
-        return {"t": "dict", "v": [[to_wire(k, d, memo), to_wire(x, d, memo)] for k, x in dict.items(v)]}
+        # Read with the exact types' own methods (an OrderedDict's order is its own, not its storage's);
+        # collections' types keep their type, so `==` between two of them is what Python's is.
+        pairs = collections.OrderedDict.items(v) if t is collections.OrderedDict else dict.items(v)
+        out = {"t": _DICT_TAGS[t], "v": [[to_wire(k, d, memo), to_wire(x, d, memo)] for k, x in pairs]}
+        if t is collections.defaultdict:
+            f = v.default_factory
+            out["f"] = f.__name__ if any(f is x for x in _TYPES.values()) else None
+        return out
     if t is bytes or t is bytearray:
         return {"t": t.__name__, "v": v.hex()}
     if t is complex:
@@ -244,6 +269,9 @@ def to_wire(v, depth: int = 0, memo: Shared | None = None):
     raise TypeError(
         f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)"
     )
+
+
+_DICT_TYPES = {tag: t for t, tag in _DICT_TAGS.items()}
 
 
 class Refused(ValueError):
@@ -280,7 +308,7 @@ def from_wire(x, depth: int = 0, refs: dict | None = None, nodes: list | None = 
         nodes.append(out)
         out.extend([from_wire(e, d, refs, nodes) for e in x])
         return out
-    if t is not dict or set(x) != {"t", "v"}:
+    if t is not dict or not (set(x) == {"t", "v"} or (set(x) == {"t", "v", "f"} and x["t"] == "defaultdict")):
         raise ValueError(f"malformed value: {type(x).__name__}")
     tag, v = x["t"], x["v"]
     if tag == "same" and nodes is not None and type(v) is int and 0 <= v < len(nodes):
@@ -305,13 +333,21 @@ def from_wire(x, depth: int = 0, refs: dict | None = None, nodes: list | None = 
         if slot >= 0:
             nodes[slot] = out
         return out
-    if tag == "dict" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-        out = {}
+    if tag in _DICT_TYPES and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+        if tag == "defaultdict":
+            f = x.get("f")
+            out = collections.defaultdict(_TYPES[f] if type(f) is str and f in _TYPES else None)
+        else:
+            out = _DICT_TYPES[tag]()
         if nodes is not None:
             nodes.append(out)
         pairs = [(from_wire(k, d, refs, nodes), from_wire(e, d, refs, nodes)) for k, e in v]
         _hashable([k for k, _ in pairs], "dict key")
-        out.update(pairs)
+        if type(out) is collections.OrderedDict:
+            for k, e in pairs:  # (dict.update would bypass its order)
+                out[k] = e
+        else:
+            dict.update(out, pairs)  # (Counter.update would count the pairs)
         return out
     if tag in ("bytes", "bytearray") and type(v) is str:
         out = (bytes if tag == "bytes" else bytearray).fromhex(v)

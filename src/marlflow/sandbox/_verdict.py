@@ -61,8 +61,11 @@ _DYNAMIC = frozenset({
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# `import a.b as c, d` / `from .x import y`, wherever they stand (after `:` or `;` too).
-_IMPORT = re.compile(r"\bfrom[ \t]+(\.*[\w.]*)[ \t]+import\b|\bimport[ \t]+([\w. \t,]+)")
+# `import a.b as c, d` / `from .x import y`, wherever they stand (after `:` or `;` too). Possessive
+# quantifiers: no backtracking, so the scan is linear in the text (`from` and 20 KB of blanks was
+# quadratic). Blanks are Python's: space, tab, form feed; line continuations are joined first.
+_IMPORT = re.compile(r"\bfrom[ \t\f]++(\.*+[\w.]*+)[ \t\f]*+import\b|\bimport[ \t\f]++([\w. \t\f,]++)")
+_CONTINUATION = re.compile(r"\\[ \t\f]*+\r?\n")
 
 
 def deterministic(*sources: str) -> bool:
@@ -74,6 +77,7 @@ def deterministic(*sources: str) -> bool:
     for src in sources:
         if not src:
             continue
+        src = _CONTINUATION.sub(" ", src)
         for frm, names in _IMPORT.findall(src):
             mods = [frm] if frm else [x.split()[0] for x in names.split(",") if x.strip()]
             if any(m.startswith(".") or m.split(".")[0] not in _PURE_MODULES for m in mods):
@@ -97,10 +101,18 @@ class Prepared:
     deterministic: bool = False  # its verdict may be cached (see `deterministic`)
 
 
+JOB_KEYS = ("code", "tests", "stdin", "expect", "timeout", "memory_mb", "entry_point", "prelude", "setup",
+            "audit_hook")  # fmt: skip
+
+
 def normalize(job, timeout: float, memory_mb: int) -> dict:
-    """A job as a dict with validated fields; ValueError/TypeError naming what is wrong."""
+    """A job as a dict with validated fields; ValueError/TypeError naming what is wrong (an unknown key
+    too: a misspelt setting must not be dropped without a word)."""
     if isinstance(job, dict):
         d = dict(job)
+        unknown = sorted(str(k)[:40] for k in d if k not in JOB_KEYS)
+        if unknown:
+            raise UsageError(f"unknown job keys {unknown}; a job has {list(JOB_KEYS)}")
     else:
         t = tuple(job)
         if len(t) not in (2, 4):
@@ -117,12 +129,51 @@ def normalize(job, timeout: float, memory_mb: int) -> dict:
     for k in ("stdin", "expect", "entry_point", "prelude", "setup"):
         if d.get(k) is not None and not isinstance(d[k], str):
             raise TypeError(f"job {k} must be str or None, got {type(d[k]).__name__}")
+    if d.get("audit_hook") not in (None, True, False):
+        raise TypeError("job audit_hook must be True, False or None")
+    d["kind"] = test_kind(d["tests"])
+    if d["stdin"] is not None and d["expect"] is None:
+        raise UsageError("job stdin is given without expect: give both for a stdin/stdout case")
+    if d["expect"] is not None and (d["kind"] != "python" or d["tests"].strip()):
+        raise UsageError(
+            "job has stdin/expect and tests too: a job is one kind of test (Python tests, a stdio or calls "
+            "marker, or stdin/expect), never several (the others would be dropped)"
+        )
     return d
 
 
+def test_kind(tests: str) -> str:
+    """ "stdio", "calls" or "python": a marker counts only as the whole first line (docs/sandbox.md); one
+    anywhere else (after a blank line, indented, with more text) is a UsageError, never Python tests that
+    would then assert nothing."""
+    first = tests.split("\n", 1)[0].rstrip("\r")
+    if first == STDIO_MARKER:
+        return "stdio"
+    if first == CALLS_MARKER:
+        return "calls"
+    at = tests.find(_MARKER_PREFIX)
+    if at >= 0:
+        line = tests.count("\n", 0, at) + 1
+        raise UsageError(
+            f"tests hold a marker ({_MARKER_PREFIX!r}) on line {line} that is not their whole first line; "
+            f"a stdio or calls test starts with exactly {STDIO_MARKER!r} or {CALLS_MARKER!r} and a newline"
+        )
+    return "python"
+
+
+_MARKER_PREFIX = "# marlflow:"
+
+
+def _deployment() -> list:
+    """The caller's sandbox switches (MARLFLOW_SANDBOX_*, read by new workers): part of the cache key."""
+    return sorted((k, v) for k, v in os.environ.items() if k.startswith("MARLFLOW_SANDBOX_"))
+
+
 def job_key(d: dict) -> str:
-    fields = ("code", "tests", "stdin", "expect", "timeout", "memory_mb", "entry_point", "prelude", "setup")
-    return hashlib.sha256(json.dumps([d.get(k) for k in fields]).encode()).hexdigest()
+    """Everything that can change a verdict: every job field (the audit hook switch included) and the
+    deployment switches."""
+    fields = [d.get(k) for k in JOB_KEYS] + [_deployment()]
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
 
 class UsageError(ValueError):
@@ -160,7 +211,7 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
     nothing to run) raises ValueError/TypeError naming the field; anything else that goes wrong with
     this job's tests becomes its `error` verdict (p.error), never an exception."""
     d = normalize(job, timeout, memory_mb)
-    python = not (d["tests"].startswith((STDIO_MARKER, CALLS_MARKER)) or d["expect"] is not None)
+    python = d["kind"] == "python" and d["expect"] is None
     tree, parse_error = parse_tests(d["tests"]) if python else (None, None)
     if python and _vacuous(d["tests"], tree):
         raise ValueError(
@@ -183,28 +234,48 @@ def prepare(job, timeout: float = 5.0, memory_mb: int = 1024) -> Prepared:
 
 def _prepare(p: Prepared, d: dict, tree, parse_error) -> None:
     head, tests = p.head, d["tests"]
-    if tests.startswith(STDIO_MARKER) or d["expect"] is not None:
+    if d["kind"] == "stdio" or d["expect"] is not None:
         head["mode"] = "stdio"
         if d["expect"] is not None:
             p.cases = [(d["stdin"] or "", d["expect"])]
             return
         try:
             cases = json.loads(tests[len(STDIO_MARKER) :])
-            p.cases = [(str(i), str(o)) for i, o in cases]
         except (ValueError, TypeError, RecursionError) as e:
             p.error = error(f"bad stdio tests: {show(str(e), 300)}")
             return
+        if type(cases) is not list or not all(
+            type(c) is list and len(c) == 2 and type(c[0]) is str and type(c[1]) is str for c in cases
+        ):
+            raise UsageError("stdio tests are a JSON list of [stdin, expected stdout] pairs of strings")
+        p.cases = [(i, o) for i, o in cases]
         if not p.cases:
             raise UsageError("job tests have no stdio cases: give at least one [stdin, expected stdout]")
         return
     head["mode"] = "calls"
-    if tests.startswith(CALLS_MARKER):
+    if d["kind"] == "calls":
         try:
             spec = json.loads(tests[len(CALLS_MARKER) :])
-            fn, cases = str(spec["fn"]), spec["cases"]
-            head["calls"] = [[fn, to_wire(list(a)), {"t": "dict", "v": []}] for a, _ in cases]
+        except (ValueError, TypeError, RecursionError) as e:
+            p.error = error(f"bad call tests: {show(str(e), 300)}")
+            return
+        # Shapes exactly as documented: arguments as a list (a string would be split into characters).
+        if (
+            type(spec) is not dict
+            or type(spec.get("fn")) is not str
+            or not spec["fn"].isidentifier()
+            or type(spec.get("cases")) is not list
+            or not all(type(c) is list and len(c) == 2 and type(c[0]) is list for c in spec["cases"])
+        ):
+            raise UsageError(
+                'call tests are {"fn": NAME, "cases": [[ARGS, EXPECTED], ...]} with ARGS a JSON list of '
+                "the positional arguments"
+            )
+        fn, cases = spec["fn"], spec["cases"]
+        try:
+            head["calls"] = [[fn, to_wire(a), {"t": "dict", "v": []}] for a, _ in cases]
             p.checks = [{"kind": "deep", "call": i, "expected": e} for i, (_, e) in enumerate(cases)]
-        except (ValueError, TypeError, KeyError, RecursionError) as e:
+        except (ValueError, TypeError, RecursionError) as e:
             p.error = error(f"bad call tests: {show(str(e), 300)}")
             return
         if not p.checks:
@@ -239,16 +310,16 @@ def _err(lines, tag="E") -> dict | None:
     """The last well-formed `tag` record among `lines`, as a dict of plain fields (stage, type, msg: short
     str; line, errno: int or None). Records are untrusted after the `S` line: one that is too big, too
     deep or of the wrong shape is skipped, never decoded at any cost."""
-    found = None
-    for ln in lines:
-        if ln.startswith(tag + "{"):
+    prefix = tag + "{"
+    for ln in reversed(lines):  # from the end: a flood of records costs one decoding, not one each
+        if ln.startswith(prefix):
             try:
                 v = parse_record(ln[1:], 1 << 16)
             except ValueError:
                 continue
             if isinstance(v, dict):
-                found = _fields(v)
-    return found
+                return _fields(v)
+    return None
 
 
 def _fields(v: dict) -> dict:
@@ -342,6 +413,8 @@ def _verdict(p: Prepared, raw: dict, expect: str | None = None) -> SandboxResult
         if _is_memory(cinfo):
             return result("memory", f"{cinfo.get('type')} in a call")
         jerr = _err(v.split("\n"))
+        if jerr and jerr.get("stage") == "refused":
+            return result("error", f"{jerr.get('msg')} (line {jerr.get('line')})")
         if jerr and jerr.get("stage") in ("judge-setup", "tests-compile", "prelude"):
             return result("error", "the tests could not be run: " + _describe(jerr))
         if jsig:

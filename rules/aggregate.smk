@@ -18,8 +18,12 @@ rule aggregate:
         done=expand("results/runs/{run_id}/DONE", run_id=RUN_IDS),
         outcomes=expand("results/runs/{run_id}/outcomes.parquet", run_id=RUN_IDS),
     # OUT (rules/common.smk): results/ for the default preset in full, else the preset's or slice's own folder.
+    # report(): the tables readers open (csv, md, tex) are in `snakemake --report report.zip` too.
     output:
-        expand("{out}/tables/{name}", out=OUT, name=AGGREGATE_OUTPUTS),
+        [
+            p if p.endswith(".parquet") else report(p, category="Tables")
+            for p in expand("{out}/tables/{name}", out=OUT, name=AGGREGATE_OUTPUTS)
+        ],
     log:
         f"{OUT}/logs/aggregate.log",
     conda:

@@ -1,15 +1,44 @@
 # The run sheet (one row per training run) and helpers shared by all rules.
 import os
 import re
+import sys
 
 from marlflow.pipeline.matrix import jobs_use_this_python, model_of, work_estimate
-from marlflow.pipeline.snake import check_before_submit, model_folders, run_ranks
+from marlflow.pipeline.snake import (
+    changed_runs,
+    check_before_submit,
+    gpu_refusal,
+    model_folders,
+    run_ranks,
+)
 
 jobs_use_this_python()
-# Every refusal (a CHANGE_ME resource, a bad matrix.yaml or --config, a run that does not fit its GPUs, two toy
-# seeds, ranks that differ from GPUs per run) happens here, before any job: marlflow.pipeline.snake.
+# Nothing downloads at run time, with `make run` or plain `snakemake` alike (export HF_HUB_OFFLINE=0 to allow it).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Every refusal (a CHANGE_ME resource, a bad matrix.yaml or --config, a model path that no job could load, a CUDA
+# preset whose jobs get no GPU, a run that does not fit its GPUs, two toy seeds, ranks that differ from GPUs per
+# run) happens here, before any job: marlflow.pipeline.snake.
 SHEET, OUT = check_before_submit(config, workflow.resource_settings)
 RUN_IDS = list(SHEET.index)
+# A CUDA preset whose train jobs would get no GPU (profiles/local on a machine without one): a dry run plans it with
+# this warning, and a real run is refused by the Snakefile's onstart, before its first job.
+GPU_REFUSAL = gpu_refusal(SHEET, config.get("scale_resources"), workflow.resource_settings)
+if GPU_REFUSAL and workflow.is_main_process:
+    print(
+        f"marlflow: warning: {GPU_REFUSAL} A dry run plans them; a real run stops before its first job.",
+        file=sys.stderr,
+    )
+# What changed in each edited cell, in one line each (Snakemake's "Params have changed" prints both whole configs).
+_CHANGED = changed_runs(SHEET) if workflow.is_main_process else []
+if _CHANGED:
+    print(
+        f"marlflow: {len(_CHANGED)} run(s) changed in matrix.yaml (config.json rewritten, run retrained; "
+        "its previous results stay until the new ones are written):",
+        *(f"  {line}" for line in _CHANGED[:10]),
+        *([f"  ... and {len(_CHANGED) - 10} more"] if len(_CHANGED) > 10 else []),
+        sep="\n",
+        file=sys.stderr,
+    )
 # One model folder per (scale, toy build): results/models/<scale>, or results/models/toy-b<b> for a build b > 0
 # of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.pipeline.matrix.model_of).
 MODEL_FOLDERS = model_folders(SHEET)

@@ -33,9 +33,14 @@ rule report:
         metrics=expand("results/runs/{run_id}/metrics.parquet", run_id=RUN_IDS),
         samples=expand("results/runs/{run_id}/samples.parquet", run_id=RUN_IDS),
         configs=expand("results/runs/{run_id}/config.json", run_id=RUN_IDS),
+    # report(): the overview page and the figures are in `snakemake --report report.zip` too (docs/reference.md).
     output:
-        html=REPORT_HTML,
-        figures=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_FIGURES],
+        html=report(REPORT_HTML, category="Report"),
+        figures=[
+            report(p, category="Figures")
+            for p in REPORT_OUTPUTS
+            if os.path.dirname(p) == REPORT_FIGURES
+        ],
         pages=[p for p in REPORT_OUTPUTS if os.path.dirname(p) == REPORT_PAGES],
     log:
         f"{OUT}/logs/report.log",

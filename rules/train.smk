@@ -29,15 +29,20 @@ rule run_config:
 # Snakemake deletes a job's outputs before it runs and after it fails, which would throw away exactly
 # what a rerun resumes from. Nor is RUN/environment.jsonl (marlflow.training.environment): each attempt appends the
 # machine it starts on, and deleting it would lose the machines of the attempts before.
+# update(): a finished run that is retrained (its cell edited, or -R) keeps its metrics, samples, outcomes and final/
+# while the new attempt runs: the trainer replaces them only at its end, atomically, and Snakemake restores them if
+# the attempt fails (a failed start leaves the previous results as they were). DONE is not kept: a run whose
+# retraining failed is unfinished, and the next `snakemake` trains it again instead of taking the old results for
+# the new config. The Snakefile's onstart clears the copies a killed Snakemake leaves (pipeline.snake).
 rule train:
     input:
         config="results/runs/{run_id}/config.json",
         model=model_folder,
     output:
-        metrics="results/runs/{run_id}/metrics.parquet",
-        samples="results/runs/{run_id}/samples.parquet",
-        outcomes="results/runs/{run_id}/outcomes.parquet",
-        final=directory("results/runs/{run_id}/final"),
+        metrics=update("results/runs/{run_id}/metrics.parquet"),
+        samples=update("results/runs/{run_id}/samples.parquet"),
+        outcomes=update("results/runs/{run_id}/outcomes.parquet"),
+        final=update(directory("results/runs/{run_id}/final")),
         done="results/runs/{run_id}/DONE",
     log:
         "results/logs/train/{run_id}.log",

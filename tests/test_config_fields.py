@@ -70,7 +70,13 @@ def test_a_field_brings_its_own_range_enum_and_help_to_every_reader():
 
 def test_provenance_fields_leave_the_fingerprint_and_only_they_do():
     base = C.config_fingerprint(_cfg().to_dict())
-    changed = {"preset": "smol", "report_to": ["tensorboard"], "keep_checkpoints": 3, "fastgen": False}
+    changed = {
+        "preset": "smol",
+        "report_to": ["tensorboard"],
+        "keep_checkpoints": 3,
+        "fastgen": False,
+        "save_every_minutes": 30.0,
+    }
     assert set(changed) == set(C.fields_with(RunConfig, "provenance"))
     for name, value in changed.items():
         assert C.config_fingerprint(_cfg(**{name: value}).to_dict()) == base, name

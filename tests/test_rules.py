@@ -126,7 +126,8 @@ def test_smoke_pipeline_writes_only_declared_files(toy_model_dir, tmp_path):
             continue  # a folder is judged by its files
         inside = any(rel == d or rel.startswith(d + "/") for d in folders)
         on_purpose = re.match(
-            r"results/runs/([^/]+/checkpoints|[^/]+/environment\.jsonl|[^/]+/\.trainer\.lock|\.base-evals)(/|$)", rel
+            r"results/runs/([^/]+/checkpoints|[^/]+/environment\.jsonl|[^/]+/\.trainer\.lock|\.base-evals)(/|$)",
+            rel,
         )
         if rel not in files and not inside and not on_purpose:
             undeclared.append(rel + ("/ (empty folder)" if path.is_dir() else ""))

@@ -7,12 +7,17 @@ Loads the run's config.json, its base model and the adapters of checkpoint step 
 complete checkpoint; 0 is the untrained base workflow), runs the run's workflow once per problem on the
 first K problems of task T's test split (default: the run's own task and eval_size) and writes
 
-    RUN/evals/<T>-step<N>.parquet           tidy metrics (marlflow.store.schema schema, split "eval"; the
-                                            `task` column is T's kind, math or code)
-    RUN/evals/<T>-step<N>-samples.parquet   the first few episodes in full (marlflow.store.schema.SAMPLE_COLUMNS)
-    RUN/evals/<T>-step<N>-outcomes.parquet  one row per problem (marlflow.store.schema.OUTCOME_COLUMNS)
-    RUN/evals/<T>-step<N>.json              accuracy, its SE, n, the completion budget used, the share of
-                                            role calls cut off at it, and any warning
+    RUN/evals/<KEY>.parquet           tidy metrics (marlflow.store.schema schema, split "eval"; the
+                                      `task` column is T's kind, math or code)
+    RUN/evals/<KEY>-samples.parquet   the first few episodes in full (marlflow.store.schema.SAMPLE_COLUMNS)
+    RUN/evals/<KEY>-outcomes.parquet  one row per problem (marlflow.store.schema.OUTCOME_COLUMNS)
+    RUN/evals/<KEY>.json              accuracy, its SE, n, the completion budget used, the share of
+                                      role calls cut off at it, and any warning
+
+KEY names every setting that changes the numbers, `<T>-step<N>-n<K>-tok<M>` (plus `-<device>` when --device
+differs from the run's, and `-test-<hash>` for --test-file; `eval_key`), so evaluating again with another --n
+or budget adds files instead of overwriting them. The newest evaluation of T at step N is also copied to
+`RUN/evals/<T>-step<N>{.parquet,-samples.parquet,-outcomes.parquet,.json}`.
 
 Each role call may generate at most task T's completion budget: `--max-new-tokens`, else the
 `grpo.max_completion_length` that matrix.yaml gives task T (the run's preset first, at the run's scale
@@ -107,12 +112,35 @@ def eval_config(cfg: RunConfig, task: str | None, n: int | None, test_file: str 
     return dataclasses.replace(cfg, task=spec, task_axis=kind)
 
 
-def output_paths(run_dir: Path, task: str, step: int) -> tuple[Path, Path, Path]:
-    """The metrics, samples and outcomes files of an evaluation of `task` at `step`."""
-    stem = run_dir / "evals" / f"{task}-step{step}"
+def eval_key(task: str, step: int, n: int, budget: int, device: str = "", test_file: str = "") -> str:
+    """The name of an evaluation's files: every setting that changes its numbers (task, step, number of
+    problems, completion budget; the device when it is not the run's, and the test file's path)."""
+    import hashlib
+
+    key = f"{task}-step{step}-n{n}-tok{budget}" + (f"-{device}" if device else "")
+    if test_file:
+        key += "-test-" + hashlib.sha256(str(Path(test_file).resolve()).encode()).hexdigest()[:8]
+    return key
+
+
+def output_paths(run_dir: Path, task: str, step: int, key: str = "") -> tuple[Path, Path, Path]:
+    """The metrics, samples and outcomes files of an evaluation of `task` at `step`: under `key` (`eval_key`),
+    else the newest evaluation's `<task>-step<step>` names."""
+    stem = run_dir / "evals" / (key or f"{task}-step{step}")
     return tuple(
         stem.with_name(stem.name + end) for end in (".parquet", "-samples.parquet", "-outcomes.parquet")
     )
+
+
+def _copy_as_newest(keyed: tuple[Path, ...], newest: tuple[Path, ...]) -> None:
+    """Copy an evaluation's keyed files (and its .json) to the `<task>-step<N>` names, each atomically."""
+    import os
+    import shutil
+
+    for src, dst in zip((*keyed, keyed[0].with_suffix(".json")), (*newest, newest[0].with_suffix(".json"))):
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
 
 
 def _evaluate_checkpoint(ecfg: RunConfig, run_dir: Path, ckpt: Path | None, step: int):
@@ -158,7 +186,7 @@ def evaluate_run(
     """Evaluate checkpoint `step` of the run on `task`; returns (metrics path, metrics frame).
 
     max_new_tokens: the completion budget per role call (default: `task_budget`). The frame's role-"all"
-    rows add `max_new_tokens` and `truncated_share` (role calls that hit it); RUN/evals/<T>-step<N>.json
+    rows add `max_new_tokens` and `truncated_share` (role calls that hit it); RUN/evals/<KEY>.json
     has both and a `warnings` list (non-empty above TRUNCATION_WARN)."""
     run_dir = Path(run_dir)
     cfg = load_run(run_dir)
@@ -173,7 +201,9 @@ def evaluate_run(
         ecfg = dataclasses.replace(ecfg, device=device)
     ev = _evaluate_checkpoint(ecfg, run_dir, ckpt, step)
     acc = ev.accuracy
-    metrics_path, samples_path, outcomes_path = output_paths(run_dir, ecfg.task.name, step)
+    key = eval_key(ecfg.task.name, step, ecfg.task.eval_size, budget,
+                   device if device and device != cfg.device else "", test_file)  # fmt: skip
+    metrics_path, samples_path, outcomes_path = output_paths(run_dir, ecfg.task.name, step, key)
     metrics = pd.DataFrame(ev.metric_rows)
     roles = metrics[(metrics.role != "all") & metrics.metric.isin(["truncated_share", "calls"])]
     per_role = roles.pivot_table(index="role", columns="metric", values="value")
@@ -198,6 +228,7 @@ def evaluate_run(
         "truncated_share": truncated, "warnings": warnings, "metrics": str(metrics_path),
     }  # fmt: skip
     atomic_write_json(metrics_path.with_suffix(".json"), summary)
+    _copy_as_newest((metrics_path, samples_path, outcomes_path), output_paths(run_dir, ecfg.task.name, step))
     log.info(
         "%s step %d on %s: accuracy %.3f (n=%d), max_new_tokens %d (%s), %.1f%% of calls cut off",
         cfg.run_id, step, ecfg.task.name, acc, ecfg.task.eval_size, budget, source, 100 * truncated,
@@ -249,9 +280,11 @@ def main(argv=None) -> int:
     summary = json.loads(path.with_suffix(".json").read_text())
     for w in summary["warnings"]:
         print(f"marlflow eval: warning: {w}", file=sys.stderr)
+    newest = output_paths(path.parent.parent, summary["task"], summary["step"])[0]
     print(
         f"accuracy {acc:.3f} ± {se:.3f} (SE), max_new_tokens {summary['max_new_tokens']}, "
-        f"{summary['truncated_share']:.1%} of role calls cut off; wrote {path}"
+        f"{summary['truncated_share']:.1%} of role calls cut off; wrote {path} (the newest evaluation of "
+        f"{summary['task']} at step {summary['step']} is also {newest})"
         + (" (WARNING: answers cut off, see above)" if summary["warnings"] else "")
     )
     return 0

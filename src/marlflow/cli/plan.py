@@ -1,13 +1,21 @@
 """Memory and time planner: will a run fit on a GPU, and how long will it take?
 
 The `marlflow plan` command (also `python -m marlflow plan`); its library is `marlflow.pipeline.plan`.
+
+    marlflow plan --preset paper              # the summary, then one short row per run (fits 100 columns)
+    marlflow plan --preset paper --details    # every column: tokens per call, memory by part, ...
+    marlflow plan --preset paper --format csv # every column, as CSV
+
+Output cut short by its reader (`marlflow plan ... | head`) ends quietly, exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import textwrap
 
 from marlflow.pipeline.plan import (
     COLUMNS,
@@ -21,14 +29,36 @@ from marlflow.pipeline.plan import (
     table_rows,
 )
 
+# The short table's columns (of pipeline.plan.COLUMNS): whether each run fits, and its time.
+SHORT = ["run_id", "peak GB", "fits (>=10% spare)", "step s", "run h", "GPU-h"]
+
+
+def _print_table(columns: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader stopped reading (`| head`): no traceback, and none at exit either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="marlflow plan", description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default="matrix.yaml", help="matrix file (default: matrix.yaml)")
     ap.add_argument("--preset", help="preset to plan (default: the file's default_preset)")
     ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")
     ap.add_argument("--n-gpus", type=int, default=1, help="data-parallel GPUs per run (default 1)")
-    ap.add_argument("--format", choices=["md", "csv"], default="md", help="table format (default md)")
+    ap.add_argument("--format", choices=["md", "csv"], default="md",
+                    help="table format (default md); csv has every column")  # fmt: skip
+    ap.add_argument("--details", action="store_true",
+                    help="every column in the md table: tokens per call, memory by part, chunk sizes")  # fmt: skip
     ap.add_argument("--resources", action="store_true",
                     help="print per-scale runtime (minutes: the longest run at 100%% of the cap, at most "
                          "--job-limit-min), submissions needed and peak GB as YAML, for "
@@ -78,13 +108,17 @@ def main(argv=None) -> int:
         w = csv.writer(sys.stdout)
         w.writerow(COLUMNS)
         w.writerows(rows)
+        sys.stdout.flush()
         return 0
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print("\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in summary(plans).splitlines()))
     print()
-    print(summary(plans))
+    if args.details:
+        _print_table(COLUMNS, rows)
+    else:
+        keep = [COLUMNS.index(c) for c in SHORT]
+        _print_table(SHORT, [[r[i] for i in keep] for r in rows])
+        print("\nTokens per call, memory by part and chunk sizes: --details (or --format csv).")
+    sys.stdout.flush()  # a closed pipe shows here, inside main, not at interpreter exit
     return 0
 
 

@@ -117,10 +117,10 @@ def run(cfg: RunConfig, out_dir: Path, task=None) -> pd.DataFrame:
     main = distributed.is_main()
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    if main:
-        (out_dir / "DONE").unlink(missing_ok=True)
     try:
         trainer = build_trainer(cfg, out_dir, task)
+        if main:  # only once the run can start: a failed start leaves a finished run's outputs as they were
+            (out_dir / "DONE").unlink(missing_ok=True)
         metrics = trainer.fit()
     except BaseException:
         if created and main:  # a run that failed before writing anything leaves no empty folder behind

@@ -111,20 +111,23 @@ def run_root(run_dir: str | Path) -> Path | None:
 
 
 def base_model_id(cfg: RunConfig, run_dir: str | Path) -> str:
-    """What an adapter's `base_model_name_or_path` and a model card's `base_model:` say: a hub id (also behind
-    a pointer folder, whose READY names the hub id), else the base model's folder relative to the repository
-    root that holds the run (results/models/toy), so that another clone, or a copy of results/ elsewhere,
-    loads its own base with `AutoPeftModelForCausalLM.from_pretrained` run from its root, never the folder of
-    the clone that trained it. A base outside that root stays absolute."""
+    """What an exported adapter's `base_model_name_or_path` says (marlflow.training.final): a hub id (also
+    behind a pointer folder, whose READY names the hub id), else the absolute path of the base model's folder
+    as resolved now, at export, so that `AutoPeftModelForCausalLM.from_pretrained(<adapter folder>)` loads
+    it from any working directory. (A path relative to the repository root, results/models/toy, loaded only
+    from that root.) marlflow's own commands (eval, chat) do not read it: they resolve the base from the run's
+    config.json and the root that holds the run (`resolve_model`), so a copy of results/ elsewhere still works."""
     from marlflow.models.loading import resolve_model_source
 
     name, hub = resolve_model_source(resolve_model(cfg, run_dir))
-    if hub:
-        return name
-    folder, root = Path(name).resolve(), run_root(run_dir)
-    if root is not None and folder.is_relative_to(root):
-        return folder.relative_to(root).as_posix()
-    return str(folder)
+    return name if hub else str(Path(name).resolve())
+
+
+def is_hub_id(base: str) -> bool:
+    """Whether `base` (what base_model_id returns) is a hub id rather than a local folder."""
+    from marlflow.models.loading import HUB_ID
+
+    return not Path(base).is_absolute() and bool(HUB_ID.match(base)) and not Path(base).exists()
 
 
 def set_base_model(adapter_folder: Path, base: str) -> None:

@@ -462,6 +462,7 @@ def load_matrix(path_or_dict) -> dict:
                 for k, val in (sec or {}).items() if isinstance(sec, dict) else ():
                     if k in AXES and isinstance(val, str | int) and not isinstance(val, bool):
                         sec[k] = [val]
+    _trl_names_to_ours(doc, name)
     err = jsonschema.exceptions.best_match(_Validator(schema()).iter_errors(doc))
     if err is not None:
         _fail(name, _describe(err))
@@ -470,6 +471,25 @@ def load_matrix(path_or_dict) -> dict:
     for p in doc["presets"]:
         resolve_preset(doc, p, name)
     return doc
+
+
+def _trl_names_to_ours(doc: dict, name: str) -> None:
+    """Rename TRL's / PEFT's names in every preset's `grpo:` (and its overrides') to marlflow's, in place
+    (marlflow.core.config.TRL_NAMES: max_steps -> steps, num_generations -> group_size, ...)."""
+    presets = doc.get("presets")
+    for pname, preset in presets.items() if isinstance(presets, dict) else ():
+        if not isinstance(preset, dict):
+            continue
+        overrides = preset.get("overrides") if isinstance(preset.get("overrides"), list) else []
+        holders = [(f"presets.{pname}", preset)] + [
+            (f"presets.{pname}.overrides[{i}]", o) for i, o in enumerate(overrides) if isinstance(o, dict)
+        ]
+        for where, holder in holders:
+            if isinstance(holder.get("grpo"), dict):
+                try:
+                    holder["grpo"] = C.canonical_grpo_keys(holder["grpo"], f"{where}.grpo")
+                except ConfigError as err:
+                    _fail(name, str(err))
 
 
 def _unknown_preset(preset, doc) -> str:
@@ -676,6 +696,7 @@ def config_keys() -> dict[str, str]:
         "preset": "the preset to run (default: the matrix's default_preset)",
         "scale_resources": "per-scale GPUs, memory and time (a profile's config)",
         "toy_build": "options of the toy model build, e.g. --build",
+        "report_to": "experiment trackers for the runs that train now, e.g. [tensorboard] (retrains nothing)",
         **{a: "restrict this axis" for a in (*AXES, *ALIASES)},
     }
 
@@ -690,10 +711,12 @@ def check_config_keys(config: dict) -> None:
             continue
         fields = {f.name: "grpo" for f in dataclasses.fields(GRPOParams)}
         fields.update({f.name: "run" for f in dataclasses.fields(RunConfig) if f.name not in not_run_level})
+        ours = {trl: f for f, trl in C.TRL_NAMES.items()}.get(key, key)
+        trl = f" ({key} is TRL's name for it)" if ours != key else ""
         hint = (
-            f" {key} is a training setting: set it in matrix.yaml under presets.<preset>.{fields[key]}.{key} "
-            "(or in a new preset that extends yours)."
-            if key in fields
+            f" {key} is a training setting{trl}: set it in matrix.yaml under presets.<preset>.{fields[ours]}."
+            f"{ours} (or in a new preset that extends yours)."
+            if ours in fields
             else _did_you_mean(key, known)
         )
         _fail(

@@ -3,20 +3,34 @@
 `rules/common.smk` calls `check_before_submit(config, workflow.resource_settings)` once, while Snakemake reads
 the workflow: each check below either passes or prints one `error: ...` paragraph (what is wrong, where to
 fix it, "Nothing was submitted") and exits 2, before any job is planned or submitted. The checks are plain
-functions returning None or that message, so tests call them without Snakemake.
+functions returning None or that message, so tests call them without Snakemake. Among them: every model a
+run names is a folder the `models` rule prepares, an existing model folder or a hub id (`model_refusal`), and a
+preset whose runs need a CUDA GPU gets one (`gpu_refusal`: the profile's `gpu` resource, or a GPU here; a dry
+run only warns, and the Snakefile's onstart refuses a real run before its first job).
 
     sheet, out = check_before_submit(config, workflow.resource_settings)   # in rules/common.smk
     run_ranks(sheet, run_id)                                                # SLURM tasks of a train job
+    changed_runs(sheet)            # "<run id>: grpo.steps: 40 -> 60" for each run whose matrix cell changed
+    clear_stale_backups(paths)     # the Snakefile's onstart: backups a killed Snakemake left (update() outputs)
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
 
 import pandas as pd
 
-from marlflow.core.config import RunConfig
+from marlflow.core.config import (
+    REPORT_TO_ENV,
+    ConfigError,
+    RunConfig,
+    config_differences,
+    trackers_from_env,
+)
 from marlflow.pipeline.matrix import (
     ALIASES,
     AXES,
@@ -123,6 +137,180 @@ def ranks_gpu_refusal(sheet: pd.DataFrame, scale_resources: dict | None) -> str 
     return None
 
 
+# Scales whose model the `models` rule builds into results/models/<scale>[-b<build>] (marlflow.models.loading.prepare);
+# a run of one of them must train from that folder, or from a model folder that exists already.
+BUILT_SCALES = ("toy", "smol")
+# What a hub model id looks like (owner/name), as marlflow.models.loading.HUB_ID; repeated here so that reading the
+# workflow does not import torch.
+_HUB_ID = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
+
+
+def model_folder_problem(folder: Path) -> str | None:
+    """What a local model folder lacks to be loaded (config.json, weights, tokenizer), None when it has all."""
+    if not folder.is_dir():
+        return "does not exist" if not folder.exists() else "is a file, not a model folder"
+    if not (folder / "config.json").is_file():
+        return "has no config.json"
+    weights = [
+        p.name
+        for p in folder.iterdir()
+        if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")
+    ]
+    if not weights:
+        return "has no weights (*.safetensors or *.bin)"
+    if not any(
+        (folder / t).is_file() for t in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
+        return "has no tokenizer (tokenizer.json or tokenizer_config.json)"
+    return None
+
+
+def model_refusal(sheet: pd.DataFrame, matrix: str = "matrix.yaml") -> str | None:
+    """The first model of the sheet that no job could train from: a toy or smol model that is neither the folder
+    the `models` rule prepares (results/models/<scale>[-b<build>]) nor an existing model folder, a local path
+    that does not exist or lacks config.json / weights / tokenizer, or a value that is neither a path nor a hub
+    id. Before: a typo passed, the `models` rule prepared the scale's folder anyway, and each train job failed
+    late, after Snakemake had deleted that run's previous outputs."""
+    import re
+
+    from marlflow.pipeline.matrix import model_of
+
+    for (scale, build, model), rows in sheet.groupby(["scale", "build", "model"], sort=False):
+        where = f"{matrix} presets.{rows['preset'].iloc[0]}.models.{scale}"
+        prepared = f"results/models/{model_of(scale, int(build))}"
+        if scale in BUILT_SCALES and Path(model).as_posix() == prepared:
+            continue  # the models rule builds it
+        path = Path(str(model)).expanduser()
+        looks_local = str(model).startswith(("/", ".", "~", "results/")) or str(model).count("/") != 1
+        if (
+            scale not in BUILT_SCALES
+            and not looks_local
+            and re.match(_HUB_ID, str(model))
+            and not path.exists()
+        ):
+            continue  # a hub id: the models rule checks it (local cache or the hub) before any GPU job
+        problem = model_folder_problem(path)
+        if problem is None:
+            continue
+        hint = (f"the `models` rule prepares scale {scale}'s model in {prepared}, so write that"
+                if scale in BUILT_SCALES else f"give scale {scale} a hub id such as Qwen/Qwen3-0.6B or a local model "
+                "folder with config.json, weights and a tokenizer")  # fmt: skip
+        return (f"{where}: the model folder {str(model)!r} {problem} (relative to {Path.cwd()}), so run "
+                f"{rows.index[0]}{f' and {len(rows) - 1} more' if len(rows) > 1 else ''} could not start; "
+                f"{hint}. Nothing was run and no run's results were touched.")  # fmt: skip
+    return None
+
+
+def _gpu_requested(scale: str, scale_resources: dict | None, resource_settings) -> bool:
+    """Whether a train job of `scale` asks for a GPU: scale_resources.<scale>.gpu, or set-resources train:gpu."""
+    value = ((scale_resources or {}).get(scale) or {}).get("gpu")
+    if value is None and resource_settings is not None:
+        res = (resource_settings.overwrite_resources or {}).get("train", {}).get("gpu")
+        value = getattr(res, "raw", res)
+    try:
+        return int(str(value).strip("'\"")) >= 1
+    except (TypeError, ValueError):
+        return False
+
+
+def local_cuda() -> bool:
+    """Whether this machine has a CUDA GPU that torch sees (imports torch: called only for a cuda preset)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def gpu_refusal(sheet: pd.DataFrame, scale_resources: dict | None, resource_settings=None,
+                cuda_here=local_cuda) -> str | None:  # fmt: skip
+    """The first run with device cuda whose train job would get no GPU: its scale has no `gpu` in the profile's
+    scale_resources (nor set-resources train:gpu), so the job runs on this machine's CPUs or a CPU node, and
+    this machine has no CUDA GPU either (`cuda_here()`). Before: `--config preset=paper` under profiles/local
+    scheduled 42 CUDA runs on a CPU and failed with a traceback in the `models` rule."""
+    cuda = [(rid, row) for rid, row in sheet.iterrows() if json.loads(row["config"]).get("device") == "cuda"]
+    no_gpu = [
+        (rid, row)
+        for rid, row in cuda
+        if not _gpu_requested(row["scale"], scale_resources, resource_settings)
+    ]
+    if not no_gpu or cuda_here():
+        return None
+    rid, row = no_gpu[0]
+    preset = row["preset"]
+    return (f"preset {preset} trains on device cuda (matrix.yaml presets.{preset}.run.device), but its train jobs "
+            f"would get no GPU: the profile gives scale {row['scale']} none (scale_resources.{row['scale']}.gpu) "
+            f"and this machine has no CUDA GPU that torch sees; {len(no_gpu)} run(s) such as {rid} would fail at "
+            "their start. Run it where the jobs get GPUs (snakemake --profile slurm --default-resources "
+            "slurm_account=ACCT slurm_partition=PART), or pick a CPU preset (toy, smol, paper_micro).")  # fmt: skip
+
+
+def report_to_refusal(config: dict) -> str | None:
+    """`--config report_to=[tensorboard]`: the trackers of the runs that train now, handed to their jobs through
+    the environment (marlflow.core.config.REPORT_TO_ENV) so that config.json, the fingerprint and Snakemake's
+    params stay as they are (no finished run is retrained). Sets the variable; returns a refusal for a name that
+    is not a tracker."""
+    if "report_to" not in config:
+        return None
+    value = config["report_to"]
+    names = value if isinstance(value, list | tuple) else [value]
+    text = ",".join(str(n) for n in names if n is not None) or "none"
+    try:
+        trackers_from_env({REPORT_TO_ENV: text})
+    except ConfigError as err:
+        return (
+            f"--config report_to: {str(err).replace(REPORT_TO_ENV + ' ', '')} (e.g. report_to=[tensorboard])."
+        )
+    os.environ[REPORT_TO_ENV] = text
+    return None
+
+
+def changed_runs(sheet: pd.DataFrame, root: str | Path = ".", limit: int = 3) -> list[str]:
+    """One line per run whose results/runs/<id>/config.json differs from its matrix cell now, saying what changed
+    ("grpo.steps: 40 -> 60"): those config.json files are rewritten and the runs retrained (Snakemake itself
+    prints both whole configs)."""
+    out = []
+    for rid, cfg_json in sheet["config"].items():
+        path = Path(root) / "results" / "runs" / rid / "config.json"
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a new run, or a config.json Snakemake rewrites anyway
+        new = json.loads(cfg_json)
+        if old != new:
+            diff = config_differences(old, new, limit=limit, provenance=True) or ["formatting only"]
+            out.append(f"{rid}: " + "; ".join(diff))
+    return out
+
+
+def clear_stale_backups(paths, backups: str | Path = ".snakemake/backups") -> list[str]:
+    """Remove (or put back) what a killed Snakemake left in its backup folder for `paths` (the train rule's
+    update() outputs of every run); returns the paths it acted on.
+
+    Snakemake copies an update() output there before the job starts and restores it if the job fails; a
+    Snakemake killed in between leaves the copy, and the next start of that job fails with FileExistsError on
+    a folder's copy (final/). Called from the Snakefile's onstart, i.e. holding the workflow's lock with no job
+    started, so no job of this workflow is using a copy. The trainer replaces its outputs only at its end,
+    atomically, so the file in place is the one to keep; a copy whose output is missing is put back."""
+    done = []
+    for p in map(Path, paths):
+        copy = Path(backups) / (p.relative_to(p.anchor) if p.is_absolute() else p)
+        if not copy.exists() and not copy.is_symlink():
+            continue
+        if p.exists():
+            shutil.rmtree(copy) if copy.is_dir() else copy.unlink()
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(copy), str(p))
+        done.append(str(p))
+    return done
+
+
+def refuse(msg: str) -> None:
+    """Print `error: msg` and exit 2: a refusal made outside check_before_submit (the Snakefile's onstart)."""
+    _refuse(msg)
+
+
 def _refuse(msg: str) -> None:
     # One paragraph, exit 2, no traceback: the same as `marlflow matrix` on a bad matrix.yaml.
     print(f"error: {msg}", file=sys.stderr)
@@ -139,6 +327,8 @@ def check_before_submit(config: dict, resource_settings) -> tuple[pd.DataFrame, 
     except MatrixError as err:
         _refuse(str(err))
     for check in (
+        lambda: report_to_refusal(config),
+        lambda: model_refusal(sheet, str(config.get("matrix", "matrix.yaml"))),
         lambda: fit_refusal(sheet, config.get("scale_resources")),
         lambda: toy_seed_refusal(config, sheet),
         lambda: ranks_gpu_refusal(sheet, config.get("scale_resources")),

@@ -171,12 +171,30 @@ def split_records(rows: list, test_size: float | int, seed: int = 42, shuffle_on
     return [rows[i] for i in perm[n_test : n_test + n_train]], [rows[i] for i in perm[:n_test]]
 
 
+def download_command(hub_id: str, config: str | None) -> str:
+    """The one command that puts hub dataset `hub_id` into the local cache `datasets` reads offline."""
+    args = f"{hub_id!r}" + (f", {config!r}" if config else "")
+    return f'HF_HUB_OFFLINE=0 python -c "import datasets; datasets.load_dataset({args})"'
+
+
 def load_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
-    """The only place that calls `datasets.load_dataset` (network); tests set HUB_LOAD_DATASET."""
+    """The only place that calls `datasets.load_dataset` (network); tests set HUB_LOAD_DATASET. A dataset that
+    cannot be loaded (offline and not cached, unknown, unreachable) is a DataError naming the download command."""
     fn = HUB_LOAD_DATASET
     if fn is None:
         from datasets import load_dataset as fn
-    ds = fn(hub_id, config, split=split) if config else fn(hub_id, split=split)
+    try:
+        ds = fn(hub_id, config, split=split) if config else fn(hub_id, split=split)
+    except (OSError, ValueError) as err:  # ConnectionError (offline, no cache), DatasetNotFoundError, ...
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no")
+        raise DataError(
+            f"hub dataset {hub_id}" + (f" ({config})" if config else "") + f" could not be loaded: "
+            f"{type(err).__name__}: {str(err)[:300]}. "
+            + ("HF_HUB_OFFLINE=1 and it is not in the local cache: " if offline else "")
+            + f"download it once where there is network access, into the cache the jobs read (HF_HOME / "
+            f"HF_DATASETS_CACHE): `{download_command(hub_id, config)}`; or point task.source (or "
+            "task.train_file / task.test_file) in matrix.yaml at a local .jsonl/.parquet file"
+        ) from err
     return Records(
         [dict(r) for r in ds],
         f"hub dataset {hub_id}" + (f" ({config}, {split})" if config else f" ({split})"),

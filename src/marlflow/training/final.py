@@ -6,15 +6,16 @@ of the newest complete checkpoint (the last step) into
     RUN/final/<policy>/adapter_config.json, adapter_model.safetensors, README.md   (SP: shared; IP: one per role type)
     RUN/final/README.md                                                             the model card
 
-with `base_model_name_or_path` (and the cards' `base_model:` front matter) set to a hub id or the base
-model's folder relative to the repository root (results/models/toy; `marlflow.models.runs.base_model_id`), never
-the absolute folder of the clone that trained it, so that from the root of any clone or copy
+with `base_model_name_or_path` set to the base chosen at export: a hub id, or the absolute path of the local base
+folder as resolved when final/ is written (`marlflow.models.runs.base_model_id`; `write_final(..., base=...)`
+records another), so that from any working directory
 
     from peft import AutoPeftModelForCausalLM, PeftModel
+    model = AutoPeftModelForCausalLM.from_pretrained("/abs/path/results/runs/<run_id>/final/<policy>")
     model = PeftModel.from_pretrained(base_model, "results/runs/<run_id>/final/<policy>")
-    model = AutoPeftModelForCausalLM.from_pretrained("results/runs/<run_id>/final/<policy>")
 
-works. The card names the base model, the roles, which adapter each uses and its prompt, the workflow,
+works. The card's front matter is valid Hugging Face metadata: `base_model:` holds a hub id, and is left out for a
+local base (its path is in the card's table instead; a path is not a valid `base_model`). The card names the base model, the roles, which adapter each uses and its prompt, the workflow,
 the sharing, the main GRPO settings and the eval curve's numbers. The folder is built under a temp name
 and renamed into place, so a killed job leaves the previous final/ or none.
 """
@@ -29,7 +30,7 @@ import pandas as pd
 
 from marlflow.core.config import RunConfig
 from marlflow.core.workflow_spec import spec_of
-from marlflow.models.runs import adapter_dir, base_model_id, find_checkpoint, set_base_model
+from marlflow.models.runs import adapter_dir, base_model_id, find_checkpoint, is_hub_id, set_base_model
 from marlflow.store.atomic import atomic_write_text
 from marlflow.tasks import get_task
 from marlflow.tasks.solution_metrics import metric_names as solution_metric_names
@@ -67,8 +68,9 @@ def model_card(
 ) -> str:
     """The README.md of final/ (policy None) or of one adapter folder in it."""
     g = cfg.grpo
-    # base_model: a hub id, or a folder relative to the repository root (marlflow.models.runs.base_model_id)
-    lines = ["---", f"base_model: {json.dumps(base)}", "library_name: peft", "pipeline_tag: text-generation",
+    # base_model: a hub id only; the card metadata allows nothing else (a local base is named in the table below)
+    hub = [f"base_model: {json.dumps(base)}"] if is_hub_id(base) else []
+    lines = ["---", *hub, "library_name: peft", "pipeline_tag: text-generation",
              "tags:", "- marlflow", "- grpo", "- lora", "- multi-agent", f"- {cfg.workflow}", "---", ""]  # fmt: skip
     title = f"marlflow run `{cfg.run_id}`" + (f", adapter `{policy}`" if policy else "")
     roles_of = {p: [r for r in cfg.role_types if cfg.policy_of(r) == p] for p in cfg.policies}
@@ -140,14 +142,17 @@ def model_card(
     return "\n".join(lines)
 
 
-def write_final(run_dir: str | Path, cfg: RunConfig, metrics: pd.DataFrame | None = None) -> Path:
+def write_final(
+    run_dir: str | Path, cfg: RunConfig, metrics: pd.DataFrame | None = None, base: str | None = None
+) -> Path:
     """Build RUN/final from the newest complete checkpoint; returns the folder. metrics: the run's table
-    (read from RUN/metrics.parquet when None)."""
+    (read from RUN/metrics.parquet when None). base: what the adapters name as their base (default: the hub id,
+    or the local base folder's absolute path, `base_model_id`)."""
     run_dir = Path(run_dir)
     step, ckpt = find_checkpoint(run_dir)
     if metrics is None and (run_dir / "metrics.parquet").exists():
         metrics = pd.read_parquet(run_dir / "metrics.parquet")
-    base = base_model_id(cfg, run_dir)
+    base = base or base_model_id(cfg, run_dir)
     final, tmp = run_dir / "final", run_dir / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -162,6 +162,16 @@ def _in_fork() -> bool:
     return verify_many([HEALTH], cache=False)[0].passed
 
 
+def _default_stop_signals() -> None:
+    """A multiprocessing worker's initializer: SIGTERM / SIGUSR1 back to their defaults. Another test of this
+    session may have installed marlflow.training.preempt's handlers in this process, which a forked worker
+    inherits; they turn SIGTERM into a request to stop at the next step, so Pool.terminate() would wait forever."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_verify_many_in_a_forked_child_runs_or_refuses_never_hangs():
     _healthy()  # the shared pool exists before the fork
     with SandboxPool(1) as own:
@@ -188,7 +198,7 @@ def test_verify_many_in_a_forked_child_runs_or_refuses_never_hangs():
             assert json.loads(f.read() or "null") == [True, True], f"child exit status {status}"
         assert own.run(HEALTH).passed, "the parent's own pool must be untouched by the child"
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(1) as mp:
+    with ctx.Pool(1, initializer=_default_stop_signals) as mp:
         assert mp.apply_async(_in_fork).get(timeout=120)
     _healthy()
 

@@ -155,6 +155,43 @@ def test_one_jobs_threads_do_not_fail_another_jobs_correct_program():
         assert pool.run(HEALTH).passed
 
 
+# Starts as many threads as it can (small stacks, at most 300) and holds them: its test passes only if the job
+# got more tasks than its limit. The sibling, started while they are held, needs 30 threads.
+TASK_HOG = (
+    "import threading, time\ndef f():\n    threading.stack_size(1 << 16)\n    ev, ts = threading.Event(), []\n"
+    "    try:\n        for _ in range(300):\n            t = threading.Thread(target=ev.wait, args=(5,))\n"
+    "            t.start()\n            ts.append(t)\n    except RuntimeError:\n        pass\n"
+    "    time.sleep(2.5)\n    ev.set()\n    [t.join() for t in ts]\n    return len(ts)\n"
+)
+TASK_SIBLING = (
+    "import threading, time\ntime.sleep(0.8)\ndef g():\n    threading.stack_size(1 << 16)\n"
+    "    ts = [threading.Thread(target=sum, args=([1],)) for _ in range(30)]\n    [t.start() for t in ts]\n"
+    "    [t.join() for t in ts]\n    return len(ts)\n"
+)
+
+
+def test_a_jobs_task_limit_is_counted_per_job(task, tmp_path):
+    """Every deployment: a job gets at most TASKS tasks (RLIMIT_NPROC), counted for that job alone (as root a
+    uid per worker; unprivileged, where every candidate keeps the caller's uid, a user namespace per candidate:
+    the kernel counts tasks per (user namespace, uid)), so a sibling running at the same time starts its 30."""
+    from marlflow.sandbox._result import TASKS
+
+    hog = {"code": TASK_HOG, "tests": f"assert f() > {TASKS}\n", "timeout": 10}
+    good = {"code": TASK_SIBLING, "tests": "assert g() == 30\n", "timeout": 10}
+    with SandboxPool(2) as pool:
+        r_hog, r_good = pool.map([hog, good])
+        assert r_hog.status == "failed" and f"got {TASKS - 1}" in r_hog.detail, (r_hog.status, r_hog.detail)
+        assert r_good.passed, (r_good.status, r_good.detail)
+        assert pool.run(HEALTH).passed
+    r_hog, r_good = verify_many([hog, good], cache=False, max_workers=2)
+    assert not r_hog.passed and r_good.passed, (r_hog.detail, r_good.status, r_good.detail)
+    problems = [Problem(n, "mbpp", "code", "", "", tests=j["tests"]) for n, j in (("h", hog), ("g", good))]
+    assert task.score(problems, [TASK_HOG, TASK_SIBLING]) == [0.0, 1.0]
+    out = _cli(tmp_path, TASK_HOG, hog["tests"], "--timeout", "10")
+    assert out.returncode == 0 and json.loads(out.stdout)["passed"] is False, out.stdout
+    _healthy()
+
+
 # --------------------------------------------------------------------------- 2. the caller's situation
 
 
@@ -477,4 +514,83 @@ def test_an_iterator_consumed_after_its_inputs_changed_is_refused(task, tmp_path
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "error", out.stdout
     fine = "a = [1]\nassert list(f(a)) == [1]\nfor x in f([2, 3]):\n    assert x in (2, 3)\n"
     assert verify_many([(lazy_wrong, fine)], cache=False)[0].passed
+    _healthy()
+
+
+# A program with classes of its own; in the judge, its objects cross as stand-ins (`_child._Remote`).
+OBJECTS = textwrap.dedent(
+    """
+    class Pair:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+        def total(self):
+            return self.a + self.b
+        def __eq__(self, other):
+            return True
+    class Node:
+        def __init__(self, v, nxt=None):
+            self.val, self.next = v, nxt
+    def length(n):
+        k = 0
+        while n is not None:
+            k, n = k + 1, n.next
+        return k
+    def widest(ps):
+        return max(ps, key=lambda p: p.b - p.a)
+    def make_adder(n):
+        return lambda x: x + n
+    class Solution:
+        def twoSum(self, nums, t):
+            seen = {}
+            for i, x in enumerate(nums):
+                if t - x in seen:
+                    return [seen[t - x], i]
+                seen[x] = i
+    """
+)
+# name -> (tests, plain Python's verdict): the tests loop, so they are judged, not converted.
+OBJECT_TESTS = {
+    "passed_back_and_identity": ("for _ in range(2):\n    ps = [Pair(1, 5), Pair(2, 3)]\n"
+                                 "    assert widest(ps) is ps[0] and widest(ps).total() == 6\n", True),
+    "attributes_set_and_read": ("for _ in range(2):\n    n = Node(1)\n    n.next = Node(2)\n"
+                                "    assert length(n) == 2 and n.next.val == 2 and n.next.next is None\n", True),
+    "a_returned_function": ("for i in range(2):\n    assert make_adder(5)(i) == 5 + i\n", True),
+    "leetcode_style": ("s = Solution()\nfor _ in range(2):\n    assert s.twoSum([2, 7, 11], 9) == [0, 1]\n", True),
+    "a_wrong_method_answer": ("for _ in range(2):\n    assert Pair(1, 2).total() == 4\n", False),
+}  # fmt: skip
+# Plain Python would run the object's own code on the tests' side (here an `==` that always says yes): refused.
+OBJECT_REFUSED = {
+    "eq": "for _ in range(2):\n    assert Pair(1, 2) == 7\n",
+    "str": "for _ in range(2):\n    print(Pair(1, 2))\n",
+    "isinstance": "for _ in range(2):\n    assert not isinstance(Node(1), list)\n",
+    "isinstance_of_its_class": "for _ in range(2):\n    assert isinstance(Node(1), Node)\n",
+}
+
+
+def test_objects_of_the_programs_own_classes_are_judged_as_python_judges_or_refused(task, tmp_path):
+    """Objects of the program that are not plain builtin values (its classes' instances, a function it
+    returns) no longer fail a correct program: in the judge the tests can pass them back, call them, read and
+    set their attributes and compare them with `is`, each asked of the program, as plain Python runs them.
+    What plain Python would decide with the object's own methods on the tests' side (`==`, str, isinstance)
+    is refused with the reason (`error`), never judged by the program's code."""
+    for name, (tests, want) in OBJECT_TESTS.items():
+        ns: dict = {}
+        try:
+            exec(compile(OBJECTS + tests, "<p>", "exec"), ns)
+            plain = True
+        except AssertionError:
+            plain = False
+        assert plain is want, f"{name}: the test itself is wrong (plain Python says {plain})"
+        assert prepare({"code": OBJECTS, "tests": tests}).head["mode"] == "judge", name
+        r = verify_many([(OBJECTS, tests)], cache=False)[0]
+        assert r.passed is want and r.status == ("passed" if want else "failed"), (name, r.status, r.detail)
+        assert task.score([Problem("p", "mbpp", "code", "", "", tests=tests)], [OBJECTS]) == [float(want)]
+    for name, tests in OBJECT_REFUSED.items():
+        r = verify_many([(OBJECTS, tests)], cache=False)[0]
+        assert r.status == "error" and r.detail.startswith("refused:"), (name, r.status, r.detail)
+        assert task.score([Problem("p", "mbpp", "code", "", "", tests=tests)], [OBJECTS]) == [0.0]
+    out = _cli(tmp_path, OBJECTS, OBJECT_TESTS["leetcode_style"][0])
+    assert out.returncode == 0 and json.loads(out.stdout)["passed"] is True, out.stdout
+    out = _cli(tmp_path, OBJECTS, OBJECT_REFUSED["eq"])
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "error", out.stdout
     _healthy()

@@ -18,7 +18,9 @@ or builtins, a frame walk into the harness: none of them can reach the compariso
   every container that crossed and both sides still hold, synchronised both ways at every call): an
   argument the program mutates, now or in a later call, is mutated in the tests' own object, `f(a) is a`
   and `f() is f()` hold exactly when they would in plain Python, an iterator consumed after its inputs
-  changed is refused (`error`), and an exception of a builtin type reaches the tests as that type.
+  changed is refused (`error`), and an exception of a builtin type reaches the tests as that type. The
+  program's other objects (its classes' instances, functions it returns) reach the tests as stand-ins
+  they can pass back, call and read attributes of; using their own `==`, `str`, `len`... there is refused.
 - The caller (the trainer's process) does bounded work per job: untrusted records are size- and
   bracket-counted before they are parsed, dicts/sets whose keys share hashes are refused before they
   are built, and any failure while judging one job becomes that job's `error` verdict.

@@ -44,15 +44,18 @@ from marlflow.sandbox._kernel import (
     _drop_capabilities,
     _landlock,
     _libc,
+    _own_user_namespace,
     _prctl,
     _seccomp,
 )
 from marlflow.sandbox._result import (
     RESULT_LIMIT,
     SANDBOX_UID,
+    TASKS,
     WORKDIR_INODES,
     WORKDIR_MB,
     WRAPPER_NAMES,
+    Handles,
     Shared,
     _hashable,
     from_wire,
@@ -165,14 +168,25 @@ def _confine(job: dict, workdir: str, inside: str, roots: list[str], exit_) -> N
             raise OSError("cannot mount the working directory's tmpfs")
     if layers.get("pidns"):  # its own UTS namespace: a hostname of its own, not the host's
         _libc.sethostname(b"sandbox", 7)
+    # Unprivileged, the caller's uid for every candidate: a user namespace of its own makes RLIMIT_NPROC
+    # (set below, after it: the limit in force when it is made bounds the parent's count) count this
+    # job's tasks only. Before the chroot (the kernel refuses a new user namespace in one), after the
+    # mount and sethostname (which need the worker's namespace's capabilities).
+    own_ns = bool(layers.get("userns")) and not job.get("drop_uid")
+    if own_ns and not _own_user_namespace():
+        raise OSError("the kernel refused the candidate's user namespace")
     if base:
         os.chroot(base)  # the view: the Python install (read-only), three devices, the working dir
     os.chdir(inside)
+    if own_ns:
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        n = TASKS if hard == resource.RLIM_INFINITY else min(TASKS, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
     if job.get("drop_uid"):
         # A uid of this worker's own (`_supervisor`): RLIMIT_NPROC counts the tasks of one uid host-wide,
         # so a shared uid would let one job's threads fail another's.
         uid = job.get("uid", SANDBOX_UID)
-        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+        resource.setrlimit(resource.RLIMIT_NPROC, (TASKS, TASKS))
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
@@ -247,7 +261,7 @@ def candidate(job: dict, fds: dict, workdir: str, roots: list[str]):
         exit_(0)
     write(res, b"Y\n")
     reader = os.fdopen(fds["req"], "rb")
-    mirror = Shared()  # every container that crossed and the tests still hold, numbered as the judge's
+    mirror = Shared(handles=Handles())  # as the judge's: containers shared with the tests; objects given
     while True:
         try:
             line = reader.readline()
@@ -282,7 +296,7 @@ def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: Shared | None = 
     nodes: list = shared.objs if shared is not None else []
     a = k = out = None
     try:
-        f = _resolve(ns, fn)
+        f = _resolve(ns, fn) if type(fn) is str or shared is None else _target(shared.objs.handles, fn)
         if shared is not None:
             _mirror_apply(shared, *sync)
         a = from_wire(args, refs=ns, nodes=nodes if shared is not None else None)
@@ -330,6 +344,23 @@ def _call(ns: dict, fn: str, args, kwargs, wrappers=(), shared: Shared | None = 
             return json.dumps(["err", info]).encode()
         except BaseException:  # noqa: BLE001
             return b'["err",{"type":"Error","msg":"","errno":null}]'
+
+
+def _target(handles: Handles, fn):
+    """What the judge asks of an object of the program it holds by number (`_Remote`): ["call", k] calls
+    it, ["get", k, name] reads an attribute, ["set", k, name] sets one (to the call's one argument). The
+    program's own code (properties, `__getattr__`, `__setattr__`) runs here, under its limits."""
+    if type(fn) is not list or len(fn) not in (2, 3) or fn[0] not in ("call", "get", "set"):
+        raise ValueError("malformed request")
+    obj = handles.get(fn[1])
+    if fn[0] == "call":
+        return obj
+    name = fn[2] if len(fn) == 3 else None
+    if type(name) is not str:
+        raise ValueError("malformed request")
+    if fn[0] == "get":
+        return lambda: getattr(obj, name)
+    return lambda value: setattr(obj, name, value)
 
 
 def _plain_str(e: BaseException) -> bool:
@@ -569,14 +600,11 @@ class _Drained:
 
 def _fingerprint(nodes: list) -> str:
     """The contents of a call's arguments now (as `_contents` sends them)."""
-    memo = Shared(nodes)
+    memo = Shared(nodes, handles=_MIRROR.objs.handles)
     try:
         return json.dumps([_contents(n, memo) for n in nodes])
     except (TypeError, ValueError, RecursionError):
         return ""
-
-
-_MIRROR = Shared()  # the judge's side of the mirror (see `_call`): the tests' own objects
 
 
 def _live(m: Shared) -> list[int]:
@@ -613,57 +641,139 @@ def _children(o) -> list:
     return []
 
 
-def _proxy(name: str, req, resp):
-    def call(*args, **kwargs):
-        _CALLS[0] += 1
-        memo = _MIRROR
-        try:
-            keep = _live(memo)
-            memo.objs[:] = [memo.objs[i] for i in keep]
-            memo.ids = {id(o): i for i, o in enumerate(memo.objs)}
-            pre = _mirror_states(memo)
-            msg = json.dumps([name, to_wire(list(args), memo=memo), to_wire(kwargs, memo=memo), keep, pre],
-                             separators=(",", ":"))  # fmt: skip
-        except (TypeError, ValueError) as e:
-            raise _candidate_exception(
-                {"type": "ArgumentError", "msg": f"cannot send arguments to {name}: {e}"}
-            ) from None
-        try:
-            req.write(msg.encode() + b"\n")
-            line = resp.readline(RESULT_LIMIT + 64)
-        except OSError:
-            line = b""
-        if not line.endswith(b"\n"):
-            raise _candidate_exception(
-                {"type": "Exited", "msg": f"the program did not answer a call of {name}"}
-            )
-        try:
-            kind, value, *states = parse_record(line.decode("utf-8", "replace"))
-            nodes = memo.objs
-            if states:
-                # Every mirrored container as the program left it: copied into the tests' own objects,
-                # in place (containers first met there are appended, as the program numbered them).
-                if type(states[0]) is not list or len(states[0]) < len(nodes):
-                    raise ValueError("malformed argument states")
-                for k, state in enumerate(states[0]):
-                    if k >= len(nodes):
-                        raise ValueError("malformed argument states")
-                    _update(nodes[k], state, nodes)
-                _reindex(memo)
-            if kind == "ok":
-                out = from_wire(value, nodes=nodes) if states else from_wire(value)
-                _reindex(memo)
-                if type(value) is dict and value.get("t") == "iter":
-                    out = _Drained(list(out), list(nodes) if states else [])
-            # What the program still holds stays mirrored; the rest is dropped (see `_call`).
-            _compact(memo, states[1] if len(states) > 1 else [])
-            if kind == "ok":
-                return out
-            info = value if kind == "err" else {"type": "Malformed"}
-        except (ValueError, TypeError, RecursionError):
-            _compact(memo, [])
-            info = {"type": "Malformed", "msg": "the program's answer is not a plain builtin value"}
-        raise _candidate_exception(info)
+def _refuse_use(name: str):
+    def refused(self, *args, **kwargs):
+        _refuse(
+            f"refused: the tests use {name} on an object of the program that is not a plain builtin value "
+            "(an instance or a class of its own, a function it returned): plain Python would run the object's "
+            "own code on the tests' side, which the judge does not let decide a verdict; the tests may "
+            "pass such an object back to the program, call it, read and set its attributes and compare it "
+            "with `is`"
+        )
 
-    call.__name__ = call.__qualname__ = name
-    return call
+    refused.__name__ = name
+    return refused
+
+
+_PIPES: list = []  # the judge's (request, response) pipes to the candidate
+
+
+def _proxy(name: str, req, resp):
+    """The tests' stand-in for the program's function (or class) `name`: calls it in the candidate."""
+    _PIPES[:] = [req, resp]
+    return _Name(name)
+
+
+class _Name:
+    """A name of the program in the tests: calling it calls the program's function (or class) in the
+    candidate. `isinstance(x, Name)` and subclassing it would need the program's class on the tests'
+    side: refused with the reason (plain Python would answer; the judge has no class to answer with)."""
+
+    __slots__ = ("__name__", "__qualname__")
+
+    def __init__(self, name: str):
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args, **kwargs):
+        return _ask(self.__name__, args, kwargs, self.__name__)
+
+    def __repr__(self):
+        return f"<function {self.__name__}>"
+
+    __instancecheck__ = __subclasscheck__ = __mro_entries__ = _refuse_use("isinstance() or subclassing")
+
+
+def _ask(fn, args, kwargs, label: str):
+    """Make one request of the candidate (`fn`: a name of the program, or an operation on one of its
+    objects, see `_child._target`) and return its answer as plain Python would see it."""
+    req, resp = _PIPES
+    _CALLS[0] += 1
+    memo = _MIRROR
+    try:
+        keep = _live(memo)
+        memo.objs[:] = [memo.objs[i] for i in keep]
+        memo.ids = {id(o): i for i, o in enumerate(memo.objs)}
+        pre = _mirror_states(memo)
+        msg = json.dumps([fn, to_wire(list(args), memo=memo), to_wire(kwargs, memo=memo), keep, pre],
+                         separators=(",", ":"))  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise _candidate_exception(
+            {"type": "ArgumentError", "msg": f"cannot send arguments to {label}: {e}"}
+        ) from None
+    try:
+        req.write(msg.encode() + b"\n")
+        line = resp.readline(RESULT_LIMIT + 64)
+    except OSError:
+        line = b""
+    if not line.endswith(b"\n"):
+        raise _candidate_exception({"type": "Exited", "msg": f"the program did not answer a call of {label}"})
+    try:
+        kind, value, *states = parse_record(line.decode("utf-8", "replace"))
+        nodes = memo.objs
+        if states:
+            # Every mirrored container as the program left it: copied into the tests' own objects,
+            # in place (containers first met there are appended, as the program numbered them).
+            if type(states[0]) is not list or len(states[0]) < len(nodes):
+                raise ValueError("malformed argument states")
+            for k, state in enumerate(states[0]):
+                if k >= len(nodes):
+                    raise ValueError("malformed argument states")
+                _update(nodes[k], state, nodes)
+            _reindex(memo)
+        if kind == "ok":
+            out = from_wire(value, nodes=nodes) if states else from_wire(value)
+            _reindex(memo)
+            if type(value) is dict and value.get("t") == "iter":
+                out = _Drained(list(out), list(nodes) if states else [])
+        # What the program still holds stays mirrored; the rest is dropped (see `_call`).
+        _compact(memo, states[1] if len(states) > 1 else [])
+        if kind == "ok":
+            return out
+        info = value if kind == "err" else {"type": "Malformed"}
+    except (ValueError, TypeError, RecursionError):
+        _compact(memo, [])
+        info = {"type": "Malformed", "msg": "the program's answer is not a plain builtin value"}
+    raise _candidate_exception(info)
+
+
+def _number(stand_in) -> int:
+    return _MIRROR.objs.handles.ids[id(stand_in)]
+
+
+class _Remote:
+    """The tests' stand-in for an object of the program that is not a plain builtin value (`Handles`):
+    calling it, reading or setting an attribute (a method, then its call) asks the program, as plain
+    Python runs the program's code for them; passed back to the program it is the program's object
+    again; `is` compares the program's identities. Anything plain Python would answer by running the
+    object's own methods on the tests' side (==, <, hash, truth, len, iteration, str, arithmetic, copy,
+    isinstance) is refused with the reason (`JudgeRefusal`): whether a test passes never rests on a
+    comparison the program wrote."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        return _ask(["get", _number(self), name], (), {}, f"attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        _ask(["set", _number(self), name], (value,), {}, f"attribute {name!r}")
+
+    def __call__(self, *args, **kwargs):
+        return _ask(["call", _number(self)], args, kwargs, "an object of the program")
+
+    __class__ = property(_refuse_use("__class__"))  # isinstance() of a class the stand-in is not
+
+
+_REFUSED_USES = (
+    "eq ne lt le gt ge hash bool len length_hint iter next reversed contains getitem setitem delitem "
+    "missing repr str format bytes int float complex index round trunc floor ceil abs neg pos invert add "
+    "radd sub rsub mul rmul matmul rmatmul truediv rtruediv floordiv rfloordiv mod rmod divmod rdivmod "
+    "pow rpow lshift rlshift rshift rrshift and rand or ror xor rxor iadd isub imul imatmul itruediv "
+    "ifloordiv imod ipow ilshift irshift iand ior ixor enter exit aenter aexit await aiter anext sizeof "
+    "dir reduce reduce_ex copy deepcopy getstate fspath delattr instancecheck subclasscheck buffer "
+    "release_buffer get set delete"
+)
+for _name in _REFUSED_USES.split():
+    setattr(_Remote, f"__{_name}__", _refuse_use(f"__{_name}__"))
+del _name
+
+_MIRROR = Shared(handles=Handles(make=lambda k: object.__new__(_Remote)))  # the judge's side of the mirror

@@ -1,4 +1,4 @@
-"""Kernel isolation helpers (ctypes; Python 3.11 has no os.unshare): network, mount, PID and IPC
+"""Kernel isolation helpers (ctypes; Python 3.11 has no os.unshare): user, network, mount, PID and IPC
 namespaces, a read-only file-system view for chroot, capabilities, seccomp, Landlock, prctl. Every helper
 returns False (or -1) when the kernel refuses; which layers hold in which deployment is in docs/sandbox.md.
 
@@ -53,6 +53,34 @@ def _unshare_network() -> bool:
         with contextlib.suppress(OSError), open(f"/proc/self/{path}", "w") as f:
             f.write(text)
     return True
+
+
+def _own_user_namespace() -> bool:
+    """Move this (single-threaded, not chrooted) process into a new user namespace of its own, its ids
+    mapped to themselves. Since Linux 5.14 RLIMIT_NPROC counts the tasks of a (user namespace, uid) pair
+    (ucounts), so an unprivileged candidate that sets it after this counts only its own tasks, not every
+    candidate of the caller's uid; the parent namespace's count is checked against the limit in force
+    when this namespace was made (the caller's), never against the candidate's. False if refused."""
+    if not sys.platform.startswith("linux") or _NO_NAMESPACES:
+        return False
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(_CLONE_NEWUSER) != 0:
+        return False
+    # Optional, as in _unshare_network: without the map the program would see uid 65534 (overflow).
+    for path, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with contextlib.suppress(OSError), open(f"/proc/self/{path}", "w") as f:
+            f.write(text)
+    return True
+
+
+def _probe_user_namespace() -> bool:
+    """Can a child of this process make a user namespace of its own (`_own_user_namespace`)?"""
+    if not sys.platform.startswith("linux") or _NO_NAMESPACES:
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the probe child
+        os._exit(0 if _libc.unshare(_CLONE_NEWUSER) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def _drop_capabilities() -> bool:

@@ -33,6 +33,7 @@ MAX_MEMORY_MB = 256 * 1024
 TMP_PREFIX = "marlflow-sbx-"
 WORKDIR_MB = 64  # size of the per-program tmpfs working directory
 WORKDIR_INODES = 4096  # files and directories in it
+TASKS = 64  # RLIMIT_NPROC of a candidate: its threads, counted per job (docs/sandbox.md)
 SANDBOX_UID_BASE = (
     1 << 30
 )  # + the worker's pid: each worker's candidates run as a uid of their own (root only)
@@ -200,20 +201,70 @@ _ITERS = tuple(
 )  # fmt: skip
 
 
+_BUILTIN_BASES = (int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, range)
 _SHARED = (list, tuple, set, frozenset, dict, bytearray, *_DICTS)  # containers whose identity can be kept
 _DICT_TAGS = {dict: "dict", collections.Counter: "Counter", collections.OrderedDict: "OrderedDict",
               collections.defaultdict: "defaultdict"}  # fmt: skip
 _PENDING = object()  # a tuple/frozenset being decoded: referring to it from inside is malformed
 
 
+class Handles:
+    """Objects of the program that are not plain builtin values (instances of its own classes, functions,
+    bound methods; never a subclass of a builtin type, whose instances stay "not a plain builtin value"),
+    crossing the judge's pipes as {"t": "obj", "v": number}. In the candidate (`make` None) a number
+    stands for the object itself, kept for the whole job; in the judge for a stand-in, `make(number)`,
+    one per number, so `is` between stand-ins is the program's identity (`_child._Remote`)."""
+
+    LIMIT = 100_000
+
+    def __init__(self, make=None):
+        self.make, self.objs, self.ids = make, {}, {}
+
+    def number(self, v) -> int:
+        """`v`'s number (a new one for an object the candidate meets first); TypeError in the judge for
+        anything but a stand-in."""
+        k = self.ids.get(id(v))
+        if k is not None and self.objs.get(k) is v:
+            return k
+        t = type(v)
+        if self.make is not None or isinstance(v, _BUILTIN_BASES):
+            raise TypeError(
+                f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)"
+            )
+        if len(self.objs) >= self.LIMIT:
+            raise ValueError(f"more than {self.LIMIT} objects of the program crossed")
+        k = self.ids[id(v)] = len(self.objs)
+        self.objs[k] = v
+        return k
+
+    def get(self, k):
+        """The object (candidate) or stand-in (judge) numbered `k`; ValueError if malformed."""
+        if type(k) is not int or not 0 <= k < self.LIMIT or (self.make is None and k not in self.objs):
+            raise ValueError("malformed object number")
+        o = self.objs.get(k)
+        if o is None:
+            o = self.objs[k] = self.make(k)
+            self.ids[id(o)] = k
+        return o
+
+
+class _Nodes(list):
+    """`Shared.objs`: the numbered containers, and the exchange's `Handles` (None outside the judge's
+    pipes) for `from_wire`, which gets only this list."""
+
+    __slots__ = ("handles",)
+
+
 class Shared:
     """Identity across one exchange: every container `to_wire` meets gets the next number (in pre-order);
     a container met again is sent as {"t": "same", "v": number}, so aliasing, cycles and `is` survive.
     `from_wire(..., nodes=...)` numbers containers in the same order. `ids` maps id() to the number and
-    `objs` keeps those objects alive (so no id is reused while the numbers are in use)."""
+    `objs` keeps those objects alive (so no id is reused while the numbers are in use). With `handles`,
+    other objects cross as numbers (`Handles`) instead of being a TypeError."""
 
-    def __init__(self, objs=()):
-        self.objs: list = []
+    def __init__(self, objs=(), handles: Handles | None = None):
+        self.objs: list = _Nodes()
+        self.objs.handles = handles
         self.ids: dict[int, int] = {}
         for o in objs:
             self.add(o)
@@ -266,6 +317,8 @@ def to_wire(v, depth: int = 0, memo: Shared | None = None):
                 raise ValueError(f"iterator longer than {MAX_ITEMS} items")
             items.append(to_wire(x, d, memo))
         return {"t": "iter", "v": items}
+    if memo is not None and memo.objs.handles is not None:
+        return {"t": "obj", "v": memo.objs.handles.number(v)}
     raise TypeError(
         f"{t.__module__}.{t.__qualname__} is not a plain builtin value (exact builtin types only)"
     )
@@ -360,6 +413,8 @@ def from_wire(x, depth: int = 0, refs: dict | None = None, nodes: list | None = 
         return range(*v)
     if tag == "type" and type(v) is str and v in _TYPES:
         return _TYPES[v]
+    if tag == "obj" and getattr(nodes, "handles", None) is not None:
+        return nodes.handles.get(v)
     if tag == "ref" and refs is not None and type(v) is str and v in refs:
         return refs[v]
     if tag == "new" and refs is not None and type(v) is list and len(v) == 2 and v[0] in refs:

@@ -40,6 +40,7 @@ from marlflow.sandbox._kernel import (
     _build_view,
     _fork_isolated,
     _prctl,
+    _probe_user_namespace,
     _read_roots,
     _unshare_network,
 )
@@ -116,6 +117,9 @@ def _prepare_supervisor() -> dict:
     info["view"] = view_w is not None
     info["pidns"] = _probe_pidns()
     info["seccomp"] = _SECCOMP is not None
+    # Unprivileged, every candidate keeps the caller's uid: each gets a user namespace of its own, so that
+    # its task limit counts its own tasks only (`_kernel._own_user_namespace`). As root, a uid per worker.
+    info["userns"] = not info["root"] and _probe_user_namespace()
     # Dropping to "nobody" is only possible when nobody can still read the Python install (in the view,
     # the folders above it are the view's own, world-readable).
     info["drop_uid"] = info["root"] and _others_can_read([shm + r for r in roots] if view_w else roots)
@@ -321,7 +325,7 @@ def supervise(job: dict, read_tests) -> dict:
     base = _SUPERVISOR.get("base")
     job = dict(job, drop_uid=_SUPERVISOR.get("drop_uid", False), base=base, alive_fd=_SUPERVISOR.get("alive_fd"),
                uid=SANDBOX_UID_BASE + os.getpid(),
-               layers={k: _SUPERVISOR.get(k) for k in ("pidns", "seccomp", "view")})  # fmt: skip
+               layers={k: _SUPERVISOR.get(k) for k in ("pidns", "seccomp", "view", "userns")})  # fmt: skip
     judged = job["mode"] == "judge"
     workdir = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=_SUPERVISOR.get("tmp"))
     job["workdir"] = workdir

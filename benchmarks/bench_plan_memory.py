@@ -4,6 +4,12 @@
     python benchmarks/bench_plan_memory.py validate [--repeats 3] [--cap-gb 6]   # >= 6 configurations
     python benchmarks/bench_plan_memory.py table [--cap-gb 6]  # Qwen3-0.6B widths, S = 1k..8k, old vs new
     python benchmarks/bench_plan_memory.py tokens [--steps 1]  # tokens per step: planned vs logged, toy + smol
+    python benchmarks/bench_plan_memory.py logged [RUN ...]    # every logged toy evidence step (and RUNs)
+    python benchmarks/bench_plan_memory.py process [--repeats 3] [--fit-set] [--allocator glibc mmap64k]
+
+`process` measures whole trainer processes (VmHWM: build_trainer, then three update() calls) with glibc's
+defaults, every MALLOC_* / GLIBC_TUNABLES variable removed from the child's environment (mmap64k, a labelled
+comparison, sets MALLOC_MMAP_THRESHOLD_=65536), against marlflow.pipeline.plan.cpu_process_peak.
 
 `fit` counts the tensors one decoder layer saves for backward (torch.autograd.graph.saved_tensors_hooks, distinct
 storages, parameters skipped) on random models of varied widths with LoRA on every linear layer, and fits bytes
@@ -181,6 +187,8 @@ def _toy() -> Path:
 
 
 def model_path(name: str) -> Path:
+    if Path(name).is_absolute() and (Path(name) / "config.json").is_file():  # a model folder (the tests' toy)
+        return Path(name)
     if name == "toy":
         return _toy()
     if name == "smol":
@@ -193,20 +201,21 @@ def model_path(name: str) -> Path:
     raise SystemExit(f"unknown model {name!r}")
 
 
-def make_cfg(model: str, calls: int, ckpt: bool, lora_r: int, max_chunk_tokens: int = 0):
+def make_cfg(model: str, calls: int, ckpt: bool, lora_r: int, max_chunk_tokens: int = 0,
+             generation_dtype: str = "model", workflow: str = "voting"):  # fmt: skip
     from marlflow.core.config import GRPOParams, RunConfig, TaskSpec
 
     fields = {"gradient_checkpointing": "on" if ckpt else "off"}
     return RunConfig(
-        run_id="voting-sp-toy-math-s0",
-        workflow="voting",
+        run_id=f"{workflow}-sp-toy-math-s0",
+        workflow=workflow,
         sharing="sp",
         scale="toy",
         task_axis="math",
         seed=0,
         task=TaskSpec(name="toy_math", eval_size=2, train_size=20),
         model=model,
-        generation_dtype="model",
+        generation_dtype=generation_dtype,
         micro_batch_size=calls,
         max_chunk_tokens=max_chunk_tokens,
         grpo=GRPOParams(
@@ -233,6 +242,23 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
+def _random_calls(spec: dict, tokenizer, call_cls) -> tuple[list, object]:
+    """`spec["calls"]` calls of one slot with random token ids, and their advantages (N,)."""
+    import torch
+
+    vocab = min(tokenizer.vocab_size, 49152) - 10
+    g = torch.Generator().manual_seed(0)
+    calls = []
+    for k in range(spec["calls"]):
+        # Distinct prompts (no shared-prefix path), lengths mixed when the spec says so: the padding mask.
+        p = spec["prompt"] - (k * spec["prompt"] // (2 * spec["calls"]) if spec.get("mixed") else 0)
+        c = call_cls(f"generator{0}", "generator", [])
+        c.prompt_ids = torch.randint(3, vocab, (p,), generator=g).tolist()
+        c.completion_ids = torch.randint(3, vocab, (spec["completion"],), generator=g).tolist()
+        calls.append(c)
+    return calls, torch.linspace(-1, 1, len(calls)) + 0.01
+
+
 def child(spec: dict) -> dict:
     """One configuration: build the trainer, one warm-up update, then the measured update's peak."""
     import gc
@@ -247,17 +273,7 @@ def child(spec: dict) -> dict:
     trainer = build_trainer(cfg, WORK / "run")
     model = trainer.model
     ckpt_on = bool(getattr(model.base_model.model, "is_gradient_checkpointing", False))
-    vocab = min(trainer.tokenizer.vocab_size, 49152) - 10
-    g = torch.Generator().manual_seed(0)
-    calls = []
-    for k in range(spec["calls"]):
-        # Distinct prompts (no shared-prefix path), lengths mixed when the spec says so: the padding mask.
-        p = spec["prompt"] - (k * spec["prompt"] // (2 * spec["calls"]) if spec.get("mixed") else 0)
-        c = Call(f"generator{0}", "generator", [])
-        c.prompt_ids = torch.randint(3, vocab, (p,), generator=g).tolist()
-        c.completion_ids = torch.randint(3, vocab, (spec["completion"],), generator=g).tolist()
-        calls.append(c)
-    adv = torch.linspace(-1, 1, len(calls)) + 0.01
+    calls, adv = _random_calls(spec, trainer.tokenizer, Call)
     trainer.update(calls, adv)  # warm-up: AdamW moments, TRL's lazy state
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
@@ -447,6 +463,158 @@ def validate(repeats: int, cap_gb: float, only: list[str] | None = None) -> None
         )
 
 
+# ------------------------------------------------------------------------------------------ whole-process peaks
+
+# Configurations for `process`. FIT_PROCESS set MEMORY["cpu_runtime_gb"] (the process's resident memory beyond
+# its model, adapters and optimizer) and MEMORY["cpu_heap_retained"] (what glibc's heap keeps of earlier chunks);
+# PROCESS are the others, which the planner never saw. "gen": the run's generation_dtype ("bfloat16": the hf
+# backend's BF16Copy exists); "budget": max_chunk_tokens (0: none). The runs are Single (one slot), so that the
+# planner's per-slot gradients are the ones the measured update keeps.
+FIT_PROCESS = [
+    {"name": "toy, 8 calls x 64, no ckpt", "model": "toy", "calls": 8, "prompt": 48, "completion": 16,
+     "ckpt": False, "lora_r": 8, "mixed": True, "gen": "model"},
+    {"name": "toy, 16 calls x 256, ckpt", "model": "toy", "calls": 16, "prompt": 192, "completion": 64,
+     "ckpt": True, "lora_r": 8, "mixed": True, "gen": "model"},
+    {"name": "smol, 4 calls x 256, no ckpt", "model": "smol", "calls": 4, "prompt": 208, "completion": 48,
+     "ckpt": False, "lora_r": 8, "mixed": True, "gen": "model"},
+]  # fmt: skip
+PROCESS = [
+    {"name": "toy, 32 calls x 160, no ckpt, bf16 copy", "model": "toy", "calls": 32, "prompt": 136,
+     "completion": 24, "ckpt": False, "lora_r": 16, "mixed": True, "gen": "bfloat16"},
+    {"name": "toy, 24 calls x 320, no ckpt", "model": "toy", "calls": 24, "prompt": 256, "completion": 64,
+     "ckpt": False, "lora_r": 8, "mixed": True, "gen": "model"},
+    {"name": "smol, 1 call x 1024, ckpt, bf16 copy", "model": "smol", "calls": 1, "prompt": 768,
+     "completion": 256, "ckpt": True, "lora_r": 64, "gen": "bfloat16"},
+    {"name": "smol, 2 calls x 512, no ckpt, bf16 copy", "model": "smol", "calls": 2, "prompt": 384,
+     "completion": 128, "ckpt": False, "lora_r": 16, "mixed": True, "gen": "bfloat16"},
+    {"name": "smol, 8 calls x 128, ckpt", "model": "smol", "calls": 8, "prompt": 96, "completion": 32,
+     "ckpt": True, "lora_r": 8, "mixed": True, "gen": "model"},
+    {"name": "smol, 16 calls x 96, no ckpt", "model": "smol", "calls": 16, "prompt": 72, "completion": 24,
+     "ckpt": False, "lora_r": 8, "mixed": True, "gen": "model"},
+    {"name": "Qwen3-0.6B widths 2 layers, 1 call x 512, ckpt, bf16 copy", "model": "qwen06w-2l", "calls": 1,
+     "prompt": 384, "completion": 128, "ckpt": True, "lora_r": 64, "gen": "bfloat16"},
+]  # fmt: skip
+# glibc's malloc settings that would hide what a real run's allocator does: `process` removes them, and sets
+# MALLOC_MMAP_THRESHOLD_ only for the allocator it names "mmap64k" (a comparison, labelled as such).
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+              "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")  # fmt: skip
+PROCESS_CACHE = WORK / "process.jsonl"  # every `process` measurement, appended: `--reuse` re-predicts
+
+
+def process_child(spec: dict) -> dict:
+    """The whole process through the trainer's own path: `build_trainer` (model, adapters, optimizers, the hf
+    backend with its bf16 sampling copy when spec["gen"] asks for it), then `spec["updates"]` updates of the same
+    calls. Returns VmHWM of the process (its peak since it started), VmRSS after the build and after each update,
+    each update's seconds, and the glibc malloc variables it saw."""
+    import time
+
+    import torch
+
+    from marlflow.cli.train import build_trainer
+    from marlflow.workflows import Call
+
+    torch.set_num_threads(1)
+    seen = {k: os.environ[k] for k in MALLOC_ENV if k in os.environ}
+    cfg = make_cfg(str(model_path(spec["model"])), spec["calls"], spec["ckpt"], spec["lora_r"],
+                   spec.get("budget", 0), spec.get("gen", "model"), "single")  # fmt: skip
+    trainer = build_trainer(cfg, WORK / "run-process")
+    rss = [_status("VmRSS")]
+    calls, adv = _random_calls(spec, trainer.tokenizer, Call)
+    seconds = []
+    for _ in range(spec.get("updates", 3)):
+        t0 = time.perf_counter()
+        trainer.update(calls, adv)
+        seconds.append(time.perf_counter() - t0)
+        rss.append(_status("VmRSS"))
+    return {
+        "hwm_gb": _status("VmHWM") / 1e9,
+        "rss_gb": [r / 1e9 for r in rss],
+        "update_s": seconds,
+        "malloc_env": seen,
+        "bf16_copy": trainer.backend.bf16 is not None,
+    }
+
+
+def predict_process(spec: dict) -> dict:
+    """The planner's whole-process CPU peak for `spec`'s chunk (marlflow.pipeline.plan.cpu_process_peak), GB."""
+    from marlflow.pipeline.plan import Chunk, cpu_process_peak, model_shape
+
+    path = str(model_path(spec["model"]))
+    cfg = make_cfg(path, spec["calls"], spec["ckpt"], spec["lora_r"], spec.get("budget", 0),
+                   spec.get("gen", "model"), "single")  # fmt: skip
+    chunk = Chunk("generator0", spec["calls"], spec["prompt"] + spec["completion"], spec["prompt"])
+    return cpu_process_peak(cfg, model_shape(path), chunk, spec["ckpt"])
+
+
+def run_process(spec: dict, allocator: str, reuse: int = 0) -> dict:
+    """One `process_child` in a fresh interpreter with none of MALLOC_ENV set: allocator "glibc" (glibc's
+    defaults, what a run has) or "mmap64k" (MALLOC_MMAP_THRESHOLD_=65536: freed tensors leave at once, for
+    comparison). reuse = k > 0: the k-th cached measurement of the same spec and allocator, when there is one."""
+    key = json.dumps(
+        {"spec": {k: v for k, v in spec.items() if k != "name"}, "allocator": allocator}, sort_keys=True
+    )
+    if reuse and PROCESS_CACHE.is_file():
+        hits = [json.loads(x) for x in PROCESS_CACHE.read_text().splitlines()]
+        hits = [h["result"] for h in hits if h["key"] == key]
+        if len(hits) >= reuse:
+            return hits[reuse - 1]
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if allocator == "mmap64k":
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    cmd = [sys.executable, __file__, "process-child", json.dumps(spec)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in res.stdout.splitlines() if x.startswith("{")]
+    if res.returncode != 0 or not lines:
+        tail = (res.stderr or "").strip().splitlines()[-1:] or [f"exit code {res.returncode}"]
+        return {"error": tail[0][:200]}
+    out = json.loads(lines[-1])
+    if allocator == "glibc" and out["malloc_env"]:
+        raise SystemExit(f"the child saw {out['malloc_env']}: the measurement would not be a real run's")
+    WORK.mkdir(parents=True, exist_ok=True)
+    with PROCESS_CACHE.open("a") as fh:
+        fh.write(json.dumps({"key": key, "result": out}) + "\n")
+    return out
+
+
+def process(
+    repeats: int,
+    allocators: list[str],
+    only: list[str] | None = None,
+    fit_set: bool = False,
+    reuse: bool = False,
+) -> None:
+    """Measured VmHWM of whole trainer processes against the planner's prediction (`predict_process`)."""
+    specs = FIT_PROCESS if fit_set else PROCESS
+    print(f"{_machine()}; median of {repeats} runs; no MALLOC_* variable in the environment except where the "
+          "allocator is mmap64k (MALLOC_MMAP_THRESHOLD_=65536)")  # fmt: skip
+    print("| configuration | allocator | measured peak GB (median; range) | RSS after build GB | predicted GB | "
+          "predicted / measured | update s | predicted parts GB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for spec in specs:
+        if only and not any(o in spec["name"] for o in only):
+            continue
+        pred = predict_process(spec)
+        parts = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in pred["parts"].items() if v)
+        by_alloc: dict[str, list] = {a: [] for a in allocators}
+        for k in range(repeats):  # interleaved, so that the update times compare
+            for alloc in allocators:
+                by_alloc[alloc].append(run_process(spec, alloc, k + 1 if reuse else 0))
+        for alloc, runs in by_alloc.items():
+            ok = [r for r in runs if "hwm_gb" in r]
+            if not ok:
+                print(f"| {spec['name']} | {alloc} | {runs[0]['error']} | - | - | - | - | - |", flush=True)
+                continue
+            hwm = [r["hwm_gb"] for r in ok]
+            med = statistics.median(hwm)
+            build = statistics.median(r["rss_gb"][0] for r in ok)
+            # Updates after the first (which also creates AdamW's moments), pooled over the runs.
+            secs = statistics.median(x for r in ok for x in r["update_s"][1:])
+            print(f"| {spec['name']} | {alloc} | {med:.3f} ({min(hwm):.3f}-{max(hwm):.3f}) | {build:.3f} | "
+                  f"{pred['peak'] / 1e9:.3f} | {pred['peak'] / 1e9 / med:.2f} | {secs:.2f} | {parts} |",
+                  flush=True)  # fmt: skip
+
+
 def table(cap_gb: float, budget: int) -> None:
     """Qwen3-0.6B widths at S = 1k..8k: old defaults (32 calls, no ckpt) vs new (token budget, ckpt), and one call
     per chunk with and without checkpointing. Measured where the prediction is under 80% of the cap."""
@@ -576,6 +744,67 @@ def tokens(steps: int) -> None:
                 )
 
 
+def logged(runs: list[str]) -> None:
+    """Planned vs logged tokens per step on every train step of the committed toy evidence
+    (results/evidence/toy/metrics.parquet, the toy preset's 14 runs; their configs from the current run sheet)
+    and of any run folder given (RUN/config.json + RUN/metrics.parquet, e.g. smol runs), each step planned with
+    what that step logged (marlflow.pipeline.plan.behaviour_from_metrics: per-role mean completion,
+    continuation, workers); then the behaviour the toy runs showed, for BEHAVIOUR's defaults. No training."""
+    import pandas as pd
+
+    from marlflow.core.config import RunConfig
+    from marlflow.pipeline import plan
+    from marlflow.pipeline.matrix import run_sheet
+
+    ev = pd.read_parquet(ROOT / "results/evidence/toy/metrics.parquet")
+    sheet = run_sheet(ROOT / "matrix.yaml", "toy")
+    cases = [(rid, RunConfig.from_dict(json.loads(sheet.loc[rid, "config"])), g)
+             for rid, g in ev.groupby("run_id")]  # fmt: skip
+    for r in runs:
+        cfg = RunConfig.from_dict(json.loads((Path(r) / "config.json").read_text()))
+        cases.append((cfg.run_id, cfg, plan.run_metrics(r)))
+    print("| run | steps | planned / logged tokens per step: median (range) | steps within 10% |")
+    print("|---|---|---|---|")
+    shown = []
+    for rid, cfg, m in cases:
+        ratios = []
+        for step in sorted(m[m.split == "train"].step.unique()):
+            ms = m[m.step == step]
+            b = plan.behaviour_from_metrics(cfg, ms)
+            slots = plan.slot_tokens(cfg, **b.tokens_kw())
+            planned = sum(x.prompt_tokens + x.completion_tokens for x in slots)
+            t = ms[(ms.split == "train") & (ms.role != "all") & ms.metric.isin(["tokens", "prompt_tokens"])]
+            ratios.append(planned / t.value.sum())
+            shown.append((rid, cfg, step, b))
+        inside = sum(abs(x - 1) <= 0.10 for x in ratios)
+        print(f"| {rid} | {len(ratios)} | {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
+              f"| {inside} / {len(ratios)} |", flush=True)  # fmt: skip
+    print("\n| toy run | continuation: mean (step range) | workers per episode: mean (step range) | "
+          "mean completion / cap by role | eval completion cv by role (median) |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for rid, cfg, m in cases[: len(sheet)]:
+        bs = [b for r, _, _, b in shown if r == rid]
+        cont = [b.continue_frac for b in bs]
+        work = [b.workers for b in bs if b.workers is not None]
+        t = m[(m.split == "train") & (m.role != "all")].pivot_table(index="role", columns="metric", values="value",
+                                                                     aggfunc="sum")  # fmt: skip
+        cap = cfg.grpo.max_completion_length
+        share = {r: t.loc[r, "tokens"] / t.loc[r, "samples"] / cap for r in t.index}
+        e = m[(m.split == "eval") & (m.role != "all")].pivot_table(index=["step", "role"], columns="metric",
+                                                                    values="value")  # fmt: skip
+        cv = (e["completion_length_sd"] / e["completion_length"]).groupby("role").median()
+        fmt = lambda xs: f"{statistics.mean(xs):.3f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"  # noqa: E731
+        print(f"| {rid} | {fmt(cont) if spec_rounds(cfg) else '-'} | {fmt(work)} | "
+              + ", ".join(f"{r} {v:.2f}" for r, v in share.items()) + " | "
+              + ", ".join(f"{r} {v:.2f}" for r, v in cv.items()) + " |")  # fmt: skip
+
+
+def spec_rounds(cfg) -> bool:
+    from marlflow.core.workflow_spec import spec_of
+
+    return bool(spec_of(cfg.workflow).default_rounds)
+
+
 def _machine() -> str:
     """harness.environment(): CPU, cores, kernels, torch, threads, commit (benchmarks/ is on sys.path when this
     runs as a script; imported here so that tests can load the module's functions without it)."""
@@ -597,8 +826,26 @@ def main(argv=None) -> None:
     t.add_argument("--budget", type=int, default=32768, help="max_chunk_tokens of the new defaults")
     k = sub.add_parser("tokens")
     k.add_argument("--steps", type=int, default=1)
+    lg = sub.add_parser("logged")
+    lg.add_argument("runs", nargs="*", help="run folders to check too (config.json + metrics.parquet)")
+    pr = sub.add_parser("process", help="whole-process peaks (VmHWM) of trainers vs the planner")
+    pr.add_argument("--repeats", type=int, default=3)
+    pr.add_argument(
+        "--allocator",
+        nargs="+",
+        default=["glibc"],
+        choices=["glibc", "mmap64k"],
+        help="glibc: its defaults, as runs have them; mmap64k: MALLOC_MMAP_THRESHOLD_=65536 (comparison)",
+    )
+    pr.add_argument("--reuse", action="store_true", help="re-predict cached measurements (PROCESS_CACHE)")
+    pr.add_argument("--only", nargs="*", help="substrings of configuration names")
+    pr.add_argument(
+        "--fit-set", action="store_true", help="the configurations MEMORY's cpu_* constants came from"
+    )
     c = sub.add_parser("child")
     c.add_argument("spec")
+    pc = sub.add_parser("process-child")
+    pc.add_argument("spec")
     args = ap.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     if args.cmd == "fit":
@@ -607,8 +854,14 @@ def main(argv=None) -> None:
         validate(args.repeats, args.cap_gb, args.only)
     elif args.cmd == "tokens":
         tokens(args.steps)
+    elif args.cmd == "logged":
+        logged(args.runs)
     elif args.cmd == "table":
         table(args.cap_gb, args.budget)
+    elif args.cmd == "process":
+        process(args.repeats, args.allocator, args.only, args.fit_set, args.reuse)
+    elif args.cmd == "process-child":
+        print(json.dumps(process_child(json.loads(args.spec))))
     else:
         print(json.dumps(child(json.loads(args.spec))))
 

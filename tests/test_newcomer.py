@@ -248,8 +248,10 @@ def test_cluster_overrides_add_to_the_profile_and_bookkeeping_runs_here(tmp_path
         for res in _resources(out.stdout, rule):
             assert {k: res.get(k) for k in want} == want and res["slurm_account"] == "acct", (rule, res)
     train = _resources(out.stdout, "train")
-    assert len(train) == 8 and all(r["slurm_extra"] == "--signal=USR1@900" for r in train)
+    # the signal lead per scale (profiles/slurm/config.yaml, the planner's signal_lead_s): 0.6b's and 4b's
     four = [r for r in train if r["mem_mb"] == "128000"]
+    assert len(train) == 8 and {r["slurm_extra"] for r in train if r not in four} == {"--signal=USR1@4380"}
+    assert {r["slurm_extra"] for r in four} == {"--signal=USR1@7500"}
     assert len(four) == 4 and all(r["runtime"] == "1440" and r["cpus_per_task"] == "16" for r in four)
     # run_config for real, under the SLURM executor, with stubs for SLURM's commands
     fake = tmp_path / "bin"

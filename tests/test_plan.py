@@ -387,3 +387,51 @@ def test_data_parallel_imbalance_allreduce_and_gpu_choice(capsys):
     assert plan_cli.main(["--preset", "paper", "--resources", "--max-gpus", "4", "--target-hours", "1"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert {r["gpu"] for r in out.values()} == {4} and all(0 < r["efficiency"] <= 1 for r in out.values())
+
+
+def test_signal_lead_covers_an_update_or_an_eval_chunk_and_a_checkpoint():
+    """signal_lead_s (the N of --signal=USR1@N): the longer of one update and one evaluation chunk, plus the
+    checkpoint write, at least SIGNAL_LEAD_FLOOR_S and in whole minutes; chunking a paper evaluation lowers it
+    to what the update needs; `resources` takes each scale's longest."""
+    cfg = _sheet_cfg("paper", "eval_opt-ip-4b-math-s0")
+    p = plan.plan_run(cfg)
+    shape, gpu = plan.model_shape(cfg.model, cfg.scale), plan.GPUS["h100-80gb"]
+    parts = plan._step_seconds(cfg, shape, gpu, p.behaviour[-1], p.n_gpus, p.checkpointing, split=True)
+    update = parts["train"] + parts["sleep_wake"] + parts["allreduce"]
+    whole_eval = parts["eval"] * cfg.grpo.eval_every
+
+    def lead(chunk: int) -> int:
+        c = dataclasses.replace(cfg, eval_chunk_problems=chunk)
+        return plan.signal_lead(c, shape, gpu, p.behaviour[-1], p.n_gpus, p.checkpointing)
+
+    assert p.signal_lead_s == lead(0) and lead(0) % 60 == 0
+    assert lead(0) >= max(update, whole_eval) + plan.CHECKPOINT_FIXED_S
+    assert lead(0) < max(update, whole_eval) + plan.CHECKPOINT_FIXED_S + 60 + 120  # the write: < 2 min here
+    assert update < lead(64) < lead(0) and lead(64) <= lead(128) <= lead(0)  # a smaller chunk, a smaller lead
+    assert lead(10**6) == lead(0)  # a chunk above eval_size is the whole evaluation
+    tiny = dataclasses.replace(cfg, eval_chunk_problems=1, grpo=dataclasses.replace(cfg.grpo, problems_per_step=1,
+                               group_size=2, max_completion_length=16, max_prompt_length=64))  # fmt: skip
+    assert plan.signal_lead(tiny, shape, gpu, p.behaviour[-1], 1, p.checkpointing) == plan.SIGNAL_LEAD_FLOOR_S
+    plans = plan.plan_sheet(str(ROOT / "matrix.yaml"), "paper")
+    res = plan.resources(plans)
+    for scale, r in res.items():
+        assert r["signal_lead_s"] == max(q.signal_lead_s for q in plans if q.scale == scale) >= 300
+    cpu = plan.plan_run(_sheet_cfg("toy", "voting-ip-toy-math-s0"))
+    assert cpu.signal_lead_s is None  # no time estimate on CPUs
+
+
+def test_profile_signal_leads_cover_the_planner(capsys):
+    """The slurm profile's per-scale --signal lead (a Snakemake resource expression on the run id) is at least
+    the planner's signal_lead_s for every paper scale, and 900 s for scales it does not name."""
+    profile = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
+    extra = profile["set-resources"]["train"]["slurm_extra"]
+
+    def signal_for(run_id: str) -> int:
+        wildcards = type("Wildcards", (), {"run_id": run_id})()
+        value = eval(extra, {"wildcards": wildcards})  # as snakemake.resources evaluates it
+        return int(re.fullmatch(r"--signal=USR1@(\d+)", value).group(1))
+
+    plan_cli.main(["--preset", "paper", "--resources"])
+    for scale, r in yaml.safe_load(capsys.readouterr().out).items():
+        assert signal_for(f"eval_opt-ip-{scale}-math-s0") >= r["signal_lead_s"], scale
+    assert signal_for("voting-ip-toy-math-s0") == signal_for("single-sp-smol-code-s0") == 900

@@ -637,6 +637,19 @@ class RunConfig:
         provenance=True,
         training_only=True,
     )
+    eval_chunk_problems: int = _field(
+        0,
+        help="problems per chunk of an evaluation (0 = a split's problems at once, one chunk). Between chunks "
+        "the trainer checks for SIGTERM / SIGUSR1: on one it checkpoints the step with the finished chunks' "
+        "episodes and exits 75, and the rerun evaluates the rest (marlflow.training.preempt), so an evaluation "
+        "of hours no longer has to fit the lead of SLURM's --signal. Part of the run's identity: each chunk is "
+        'its own batch and, under sampling_seeds "stream", its own RNG stream (seeded from the evaluation\'s '
+        "seed and the chunk's index), so the numbers depend on it. Step 0's evaluation is chunked the same way "
+        "but not stopped. `marlflow plan --resources` prints the signal lead it allows per scale.",
+        bounds={"minimum": 0, "maximum": 10_000_000},
+        bound_note="0 = one chunk",
+        omitted_at_default=True,
+    )
     vllm_gpu_memory_utilization: float = _field(
         0.3,
         help="share of GPU memory the colocated vLLM engine may take (vllm backend); on CPUs, the share of RAM "

@@ -3,13 +3,16 @@
     python -m marlflow plan --preset paper [--matrix matrix.yaml] [--gpu h100-80gb] [--n-gpus 1] [--format md|csv]
     python -m marlflow plan --preset paper --resources      # the per-scale runtimes for scale_resources.yaml
     marlflow plan --preset toy
+    marlflow plan --from-run results/runs/<id>              # re-plan one run from its logged first steps
 
 For every run of a preset (the run sheet of `marlflow.pipeline.matrix`) it prints one row: tokens per step by role call,
 peak memory per GPU with its parts (base weights, LoRA adapters + gradients + AdamW, the largest
 forward-backward chunk's activations with the run's gradient-checkpointing setting and with the other one, the
 output head, vLLM's share during rollouts and during the update), whether that fits the GPU with >= 10% to
-spare, and step time, run hours and GPU-hours as a range over mean completion lengths of 25%..100% of the cap.
-`plan_run(cfg, gpu, n_gpus)` returns the same as a `RunPlan`.
+spare, and step time, run hours and GPU-hours as a range over what the policies do (`Behaviour`: Eval-Opt's
+continuation, Orch-Workers' workers, the completion length's mean and spread; by default BEHAVIOUR at mean
+completions of 25%..50% of the cap, or the all-rounds bound). `plan_run(cfg, gpu, n_gpus)` returns the same as a
+`RunPlan`; `replan(run_dir)` re-plans a run from the behaviour its folder logged.
 
 Everything here is a model, not a measurement: the memory terms were fitted to and checked against CPU
 measurements of the trainer's own chunk path (benchmarks/bench_plan_memory.py, docs/planner.md); the time
@@ -67,6 +70,13 @@ TIME = {
     # Decode is HBM-bandwidth bound: each decode iteration reads the weights once and every running
     # sequence's K/V; vLLM reaches ~60-70% of peak bandwidth in its decode kernels.
     "decode_bw_eff": 0.60,
+    # Per decode iteration, on top of the GPU's reads: vLLM's scheduling, sampling and kernel launches. An
+    # assumption, set so that one request of Qwen3-0.6B on an H100 decodes at ~360 tokens/s, near the public
+    # single-request figure that the bandwidth term alone beat by 4.3x (docs/planner.md, "Time").
+    "decode_iter_overhead_s": 2.0e-3,
+    # Decode with LoRA adapters active is about a third slower than the base model's (vLLM's LoRA benchmark);
+    # applied to the GPU part of each iteration of a vLLM rollout.
+    "lora_decode_slowdown": 1 / 3,
     # vLLM level-1 sleep + wake per step: weights copied to and from host memory. Public measurements:
     # ~1.4 s for Qwen3-0.6B + LoRA, ~12.8 s for Qwen3-8B (public vLLM reports): 1 s + 0.75 s per GB of weights.
     "sleep_wake_s": 1.0,
@@ -90,6 +100,19 @@ MEMORY = {
     "margin": 0.10,  # a run fits when its peak is <= 90% of the GPU's memory
     # CUDA context, cuBLAS workspaces and allocator fragmentation of the training process.
     "cuda_context_gb": 1.5,
+    # A CPU training process's resident memory besides its model, adapters, optimizer and chunk: Python, torch,
+    # transformers, TRL and accelerate loaded, the tokenizer, the task's problems. Measured: the VmHWM of a toy
+    # trainer (weights 3 MB) through `update()`, less the planner's other parts (`python
+    # benchmarks/bench_plan_memory.py process --fit-set`, docs/planner.md "Whole-process peak on the CPU").
+    "cpu_runtime_gb": 0.72,
+    # glibc's malloc on the CPU: its mmap threshold rises to the largest block freed (up to 32 MiB), so after the
+    # first update most of a chunk's blocks come from the heap, where freed memory stays resident and fragments.
+    # The process's peak then lies above what is live by about this share of the chunk (all its parts): fitted
+    # to the measured VmHWM of toy and SmolLM2-135M trainers (`python benchmarks/bench_plan_memory.py process
+    # --fit-set`): SmolLM2 kept 0.29-0.51 of its chunk over six runs, the toy's small chunks more. A fixed
+    # threshold (MALLOC_MMAP_THRESHOLD_=65536) removes it but made updates 1.3-2x slower, so the trainer keeps
+    # glibc's defaults and the planner counts it (docs/planner.md, "Whole-process peak on the CPU").
+    "cpu_heap_retained": 0.5,
     # What a level-1-sleeping vLLM engine still holds (its CUDA context, CUDA graphs' pools, the LoRA slots):
     # vLLM logs "sleep mode freed X GiB, Y GiB still in use"; ~1-3 GiB in public reports. Estimate.
     "vllm_sleep_residual_gb": 2.5,
@@ -123,8 +146,27 @@ ACT_COEF = {
 # 4 bytes (fp32) x calls x S^2 (measured with the same hooks: 2-3 bytes x B x S^2 per layer in bf16 at S =
 # 64-128, the excess being a per-token copy of the queries).
 MASK_BYTES = {"bfloat16": 2, "float32": 4}
-# Mean completion length as a share of the cap: the time range's two ends.
+# The all-rounds bound (`all_rounds=True`, `marlflow plan --all-rounds`): every round and every worker runs,
+# mean completion 25% and 100% of the cap.
 COMPLETION_FRACS = (0.25, 1.0)
+# What the policies do, which a workflow's structure cannot say: the default behaviour (docs/planner.md,
+# "Behaviour", with the command that measures each toy figure on results/evidence/toy/metrics.parquet).
+BEHAVIOUR = {
+    # Share of episodes that go on to each further round (WorkflowSpec.default_rounds; Eval-Opt): the toy
+    # runs' means are 0.09-0.13 (one step's 0.00-0.80); the largest is the default. At the paper's scales an
+    # assumption: how often a Qwen3 evaluator says Incorrect is not measured.
+    "continue_frac": 0.13,
+    # Mean strategy-carrying calls per episode (Orch-Workers' workers) as a share of n_workers, by task kind:
+    # the toy runs run 1.96-1.97 of 3 workers on math and 1.07 on code (the other orchestrator outputs do not
+    # parse: one fallback worker). At the paper's scales an assumption (Qwen3 may well list all 3).
+    "workers_share": {"math": 0.66, "code": 0.36},
+    # Mean completion as a share of max_completion_length: the time range's two ends. An assumption (no
+    # paper-scale run has been logged); the toy runs' roles write 0.16-0.74 of their (tight) caps.
+    "completion_fracs": (0.25, 0.5),
+    # Coefficient of variation of one call's completion length: how far a stage's longest call runs past the
+    # mean. An assumption; the toy evaluations' per-role medians are 0.00-0.50, on caps of 24-40 tokens.
+    "completion_cv": 0.5,
+}
 
 
 class PlanError(ValueError):
@@ -289,8 +331,8 @@ GENERATION_PROMPT_TOKENS = 7  # <|im_start|>assistant\n<think>\n\n</think>\n\n (
 
 def episode_calls(cfg: RunConfig, kind: str) -> list[list[CallSpec]]:
     """The role calls of one episode as stages (one stage = one batched generate), from the workflow's spec
-    (WorkflowSpec.stages, built with its own prompt builders). Eval-Opt runs every round (the upper bound: an
-    episode stops early when its evaluator says Correct)."""
+    (WorkflowSpec.stages, built with its own prompt builders), every round of Eval-Opt included (slot_tokens
+    makes a later round's calls in the share of episodes that got there: continue_frac)."""
     return spec_of(cfg.workflow).stages(cfg, kind)
 
 
@@ -328,16 +370,18 @@ def _template_tokens(model: str, messages) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def question_tokens(model: str, task_name: str, source: str = "") -> tuple[float, str]:
+def question_tokens(model: str, task_name: str, source: str = "", spec=None) -> tuple[float, str]:
     """(mean question tokens, how it was obtained). Measured on up to 200 training problems with the model's
-    tokenizer when both are local (toy, smol, local files); else TYPICAL_QUESTION_TOKENS."""
+    tokenizer when both are local (toy, smol, local files); else TYPICAL_QUESTION_TOKENS. `spec`: the run's
+    whole TaskSpec (a task such as deepcoder needs more than its source to load)."""
     tok = _tokenizer(model)
     if tok is not None:
         try:
             from marlflow.core.config import TaskSpec
             from marlflow.tasks import get_task
 
-            problems = get_task(task_name).load("train", TaskSpec(name=task_name, source=source))[:200]
+            spec = spec if spec is not None else TaskSpec(name=task_name, source=source)
+            problems = get_task(task_name).load("train", spec)[:200]
             if problems:
                 n = sum(len(tok(p.prompt, add_special_tokens=False)["input_ids"]) for p in problems)
                 return n / len(problems), f"measured ({len(problems)} {task_name} problems)"
@@ -387,7 +431,7 @@ def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | 
     Prompts are cut to grpo.max_prompt_length as ChatEncoder cuts them (keeping the end)."""
     g = cfg.grpo
     kind = cfg.task_axis
-    q, _ = question_tokens(cfg.model, cfg.task.name, cfg.task.source)
+    q, _ = question_tokens(cfg.model, cfg.task.name, cfg.task.source, cfg.task)
     episodes = g.problems_per_step * g.group_size if episodes is None else episodes
     spec = spec_of(cfg.workflow)
     stages = episode_calls(cfg, kind)
@@ -433,6 +477,127 @@ def slot_tokens(cfg: RunConfig, completion: float | dict = 1.0, episodes: int | 
                 SlotTokens(c.slot, c.role, s, round(episodes * share(c.slot)), prompt, comp_of[c.slot])
             )
     return out
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What a run's policies do, which its structure cannot say (`slot_tokens` takes the first four).
+
+    completion: mean completion per call, as a share of grpo.max_completion_length (a float) or
+        {role: mean tokens} (what a run logged).
+    continue_frac: share of episodes that go on to each further round (1 = every round runs).
+    workers: mean strategy-carrying calls per episode (None = all of them).
+    strategy: mean strategy tokens such a call carries (None = its source's completion split over them).
+    cv: coefficient of variation of one call's completion length (how long a stage waits for its longest call).
+    source: where the numbers came from, for the printout."""
+
+    completion: float | dict = 0.25
+    continue_frac: float = 1.0
+    workers: float | None = None
+    strategy: float | None = None
+    cv: float = BEHAVIOUR["completion_cv"]
+    source: str = ""
+
+    def tokens_kw(self) -> dict:
+        return dict(completion=self.completion, continue_frac=self.continue_frac, workers=self.workers,
+                    strategy=self.strategy)  # fmt: skip
+
+
+def default_behaviour(cfg: RunConfig, frac: float, all_rounds: bool = False) -> Behaviour:
+    """BEHAVIOUR's defaults at mean completion `frac` of the cap; all_rounds: every round and worker runs."""
+    if all_rounds:
+        return Behaviour(frac, source=f"all-rounds bound, completion {frac:.0%} of the cap")
+    spec = spec_of(cfg.workflow)
+    carriers = any(c.strategy for stage in episode_calls(cfg, cfg.task_axis) for c in stage)
+    share = BEHAVIOUR["workers_share"].get(cfg.task_axis, 1.0)
+    return Behaviour(
+        frac,
+        continue_frac=BEHAVIOUR["continue_frac"] if spec.default_rounds else 1.0,
+        workers=max(1.0, share * cfg.n_workers) if carriers else None,
+        source=f"default behaviour, completion {frac:.0%} of the cap",
+    )
+
+
+def behaviour_from_metrics(cfg: RunConfig, metrics, steps: int | None = None) -> Behaviour:
+    """The behaviour a run logged in its first `steps` train steps (all logged when None): each role's mean
+    completion tokens, the continuation that reproduces its calls (bisection on slot_tokens' call count), the
+    mean strategy carriers per episode, and the median per-role completion cv of its evaluations (the default
+    when none was logged). `metrics`: a tidy metrics frame (marlflow.store.schema)."""
+    t = metrics[(metrics.split == "train") & (metrics.role != "all")]
+    done = sorted(t.step.unique())
+    if not done:
+        raise PlanError(f"run {cfg.run_id}: no train step logged yet; re-plan after its first step")
+    t = t[t.step.isin(done[:steps] if steps else done)]
+    s = t.pivot_table(index="role", columns="metric", values="value", aggfunc="sum")
+    n = t.step.nunique()
+    eps = cfg.grpo.problems_per_step * cfg.grpo.group_size
+    completion = {r: float(s.loc[r, "tokens"] / s.loc[r, "samples"]) for r in s.index}
+    stages = episode_calls(cfg, cfg.task_axis)
+    carrier_roles = {c.role for stage in stages for c in stage if c.strategy}
+    workers = (float(sum(s.loc[r, "samples"] for r in carrier_roles if r in s.index)) / (eps * n)
+               if carrier_roles else None)  # fmt: skip
+    frac = 1.0
+    if spec_of(cfg.workflow).default_rounds:
+        logged = float(s["samples"].sum()) / n
+        lo, hi = 0.0, 1.0
+        for _ in range(40):  # calls grow with the continuation: bisect for the logged calls per step
+            mid = (lo + hi) / 2
+            planned = sum(x.calls for x in slot_tokens(cfg, 1.0, continue_frac=mid, workers=workers))
+            lo, hi = (mid, hi) if planned < logged else (lo, mid)
+        frac = (lo + hi) / 2
+    e = metrics[(metrics.split == "eval") & (metrics.role != "all")]
+    e = e[e.metric.isin(["completion_length", "completion_length_sd"])].pivot_table(
+        index=["step", "role"], columns="metric", values="value"
+    )
+    cvs = (e["completion_length_sd"] / e["completion_length"]).dropna() if len(e.columns) == 2 else []
+    cv = float(cvs.median()) if len(cvs) else BEHAVIOUR["completion_cv"]
+    return Behaviour(completion, frac, workers, cv=cv,
+                     source=f"logged, train steps {done[0]}-{done[: steps or len(done)][-1]}")  # fmt: skip
+
+
+def expected_longest(mean: float, cv: float, n: int, cap: float) -> float:
+    """Expected longest of `n` completions of mean `mean` and coefficient of variation `cv`, at most `cap`:
+    mean x (1 + cv x E[max of n standard normals]) (Blom's approximation, as `imbalance`)."""
+    return min(cap, mean * (1.0 + cv * _blom(n))) if n > 1 else min(cap, mean)
+
+
+def _blom(n: int) -> float:
+    """E[max of n standard normals], Blom's approximation Phi^-1((n - 0.375) / (n + 0.25)); 0 for n <= 1."""
+    if n <= 1:
+        return 0.0
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def decode_iteration_seconds(shape: ModelShape, gpu: GPU, batch: float, context: float,
+                             lora: bool = True) -> float:  # fmt: skip
+    """One decode iteration of `batch` running sequences of mean `context` tokens: a fixed overhead
+    (TIME["decode_iter_overhead_s"]) plus the larger of reading the weights and every sequence's K/V at
+    decode_bw_eff of HBM bandwidth and 2 N FLOPs per sequence at prefill_mfu, a third longer with LoRA
+    (TIME["lora_decode_slowdown"])."""
+    n = shape.params
+    bw = gpu.hbm_gbs * 1e9 * TIME["decode_bw_eff"]
+    mem = (n * 2 + batch * context * shape.kv_bytes_per_token(2)) / bw
+    flops = 2 * n * batch / (gpu.bf16_tflops * 1e12 * TIME["prefill_mfu"])
+    slow = 1 + TIME["lora_decode_slowdown"] if lora else 1.0
+    return TIME["decode_iter_overhead_s"] + max(mem, flops) * slow
+
+
+def stage_seconds(shape: ModelShape, gpu: GPU, calls: int, prompt_per_call: float, mean: float, longest: float,
+                  kv_capacity: float, lora: bool = True) -> float:  # fmt: skip
+    """One stage's batched generate: prefill of every prompt, then decode until its longest call ends.
+    vLLM runs at most `conc` sequences at once (the K/V capacity over a sequence's mean tokens) and starts a
+    waiting call as soon as one ends, so the stage decodes for max(longest call, total tokens / conc)
+    iterations, with on average total tokens / iterations sequences running."""
+    if calls <= 0 or mean <= 0:
+        return 0.0
+    conc = max(1, min(calls, int(kv_capacity / (shape.kv_bytes_per_token(2) * (prompt_per_call + mean)))))
+    total = calls * mean
+    iters = max(longest, total / conc)
+    it = decode_iteration_seconds(shape, gpu, total / iters, prompt_per_call + mean / 2, lora)
+    prefill = 2 * shape.params * calls * prompt_per_call / (gpu.bf16_tflops * 1e12 * TIME["prefill_mfu"])
+    return iters * it + prefill
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -506,8 +671,9 @@ def largest_chunk(cfg: RunConfig, slots: list[SlotTokens], shape: ModelShape, ch
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The plan of one run on `n_gpus` GPUs of kind `gpu`. Memory in GB per GPU (planner predictions), time in
-    hours as (low, high): mean completion length at 25% and at 100% of the cap.
+    """The plan of one run on `n_gpus` GPUs of kind `gpu`. Memory in GB per GPU (planner predictions); tokens
+    per step and time as (low, high): the two ends' `behaviour` (by default the default behaviour at mean
+    completion 25% and 50% of the cap; the all-rounds bound: every round and worker at 25% and 100%).
 
     tokens: {slot: (calls, prompt tokens, completion tokens) per step} with completions at the cap.
     memory: the peak's parts; `peak_gb` = max(rollout phase, update phase).
@@ -543,6 +709,11 @@ class RunPlan:
     # share of the step time as (low, high) like step_seconds.
     imbalance: float = 1.0
     allreduce_share: tuple | None = None
+    # The two ends' Behaviour (what the policies were taken to do).
+    behaviour: tuple = ()
+    # Seconds SLURM's --signal must come before the time limit for the run to reach a checkpoint, at the high
+    # end (`signal_lead`); None where time is not estimated.
+    signal_lead_s: int | None = None
 
 
 def imbalance(n_gpus: int, problems_per_rank: int, cv: float | None = None) -> float:
@@ -552,11 +723,8 @@ def imbalance(n_gpus: int, problems_per_rank: int, cv: float | None = None) -> f
     1.13 at 4, 1.25 at 8, 1.44 at 16 (docs/planner.md, "Several GPUs")."""
     if n_gpus <= 1:
         return 1.0
-    from statistics import NormalDist
-
     cv = TIME["dp_problem_cv"] if cv is None else cv
-    e_max = NormalDist().inv_cdf((n_gpus - 0.375) / (n_gpus + 0.25))
-    return 1.0 + cv / math.sqrt(max(problems_per_rank, 1)) * e_max
+    return 1.0 + cv / math.sqrt(max(problems_per_rank, 1)) * _blom(n_gpus)
 
 
 def allreduce_seconds(cfg: RunConfig, adapter_params: int, n_gpus: int, gpu: GPU,
@@ -601,23 +769,59 @@ def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpoin
         "activations": act["layers"] + act["mask"],
         "head": act["head"] + act["transient"],
         "cuda_context": MEMORY["cuda_context_gb"] * GB if cfg.device == "cuda" else 0.0,
+        # The CPU process's interpreter and libraries: on the CPU, memory is the process's (on CUDA the GPU's).
+        "runtime": MEMORY["cpu_runtime_gb"] * GB if cfg.device != "cuda" else 0.0,
+        "sampling_copy": sampling_copy_bytes(cfg, shape),
+        "heap_retained": (MEMORY["cpu_heap_retained"] if cfg.device != "cuda" else 0.0) * sum(act.values()),
         "vllm_rollout": vllm_share,
         "vllm_update": (min(MEMORY["vllm_sleep_residual_gb"] * GB, vllm_share) if sleeping else vllm_share),
     }
 
 
+def sampling_copy_bytes(cfg: RunConfig, shape: ModelShape) -> float:
+    """The hf backend's bf16 sampling copy (marlflow.generation.hf.BF16Copy: the model with a policy's adapter
+    merged, in bf16), which lives beside the training model for the whole run: 2 bytes per parameter when
+    cfg.generation_dtype resolves to "bfloat16" ("auto": on a CPU with native bf16 matmuls, this machine's
+    when it is the CPU that plans; never on CUDA), else 0."""
+    if cfg.backend != "hf" or cfg.generation_dtype == "model":
+        return 0.0
+    if cfg.generation_dtype == "auto":
+        if cfg.device == "cuda":
+            return 0.0
+        from marlflow.generation.hf import native_bf16  # imports torch: only for a CPU run that may copy
+
+        if not native_bf16():
+            return 0.0
+    return 2.0 * shape.params
+
+
 def _peak(m: dict) -> float:
-    base = m["weights"] + m["adapters"] + m["cuda_context"]
-    return max(base + m["vllm_rollout"], base + m["activations"] + m["head"] + m["vllm_update"])
+    """The largest of the rollout phase, the update phase and, with a sampling copy, its construction (a deep
+    copy of the model in the training dtype, cast to bf16 afterwards: the weights twice for a moment)."""
+    base = m["weights"] + m["adapters"] + m["cuda_context"] + m.get("runtime", 0.0)
+    base += m.get("sampling_copy", 0.0)
+    setup = base + m["weights"] if m.get("sampling_copy") else 0.0
+    update = base + m["activations"] + m["head"] + m.get("heap_retained", 0.0) + m["vllm_update"]
+    return max(base + m["vllm_rollout"], update, setup)
 
 
-def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gpus: int,
+def cpu_process_peak(cfg: RunConfig, shape: ModelShape, chunk: Chunk, checkpointing: bool) -> dict:
+    """The whole training process's peak resident memory on the CPU (VmHWM) when its largest chunk is `chunk`:
+    {"parts": bytes by part (as `_memory`), "peak": bytes}: what is live (runtime, weights, adapters and AdamW,
+    the bf16 sampling copy, the chunk) plus what glibc's heap keeps of earlier chunks (MEMORY["cpu_heap_retained"]).
+    Validated with `python benchmarks/bench_plan_memory.py process` (docs/planner.md "Whole-process peak on the CPU")."""
+    cpu = cfg if cfg.device != "cuda" else RunConfig.from_dict({**cfg.to_dict(), "device": "cpu"})
+    m = _memory(cpu, shape, chunk, card_of(80), checkpointing)
+    return {"parts": m, "peak": _peak(m)}
+
+
+def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n_gpus: int,
                   checkpointing: bool, split: bool = False) -> float | dict:  # fmt: skip
-    """One training step plus its share of evaluations, in seconds, at mean completion `frac` of the cap
-    (split: by part, {generate, train, eval, sleep_wake, allreduce, other})."""
+    """One training step plus its share of evaluations, in seconds, with behaviour `beh` (split: by part,
+    {generate, train, eval, sleep_wake, allreduce, other})."""
     g = cfg.grpo
     per_rank = math.ceil(g.problems_per_step / n_gpus) * g.group_size
-    slots = slot_tokens(cfg, frac, episodes=per_rank)
+    slots = slot_tokens(cfg, episodes=per_rank, **beh.tokens_kw())
     n = shape.params
     flops_s = gpu.bf16_tflops * 1e12
     # Training: 6 N T (forward 2, backward 4; LoRA skips the frozen weights' gradients, so 4 N T is the lower
@@ -628,25 +832,25 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
         seq = s.prompt_per_call + s.completion_per_call
         train += s.calls * (f_train * n * seq + attn * shape.layers * shape.q * seq * seq)
     t_train = train / (flops_s * TIME["train_mfu"])
+    vllm_mem = cfg.vllm_gpu_memory_utilization * gpu.memory_gb * GB
+    kv_capacity = max(vllm_mem - shape.params * 2 - 1.0 * GB, 0.05 * vllm_mem)  # weights, activations
+    lora = cfg.backend == "vllm"
 
-    def generation(slots, concurrency_cap=None) -> float:
-        kv_tok = shape.kv_bytes_per_token(2)
-        vllm_mem = cfg.vllm_gpu_memory_utilization * gpu.memory_gb * GB
-        kv_capacity = max(vllm_mem - shape.params * 2 - 1.0 * GB, 0.05 * vllm_mem)  # weights, activations
+    def generation(slots) -> float:
+        """Each stage (one batched generate) ends when its longest call ends (`stage_seconds`)."""
         t = 0.0
         by_stage: dict[int, list[SlotTokens]] = {}
         for s in slots:
             by_stage.setdefault(s.stage, []).append(s)
         for stage in by_stage.values():
             calls = sum(s.calls for s in stage)
-            prompt = sum(s.prompt_tokens for s in stage)
-            c = max(s.completion_per_call for s in stage)
-            ctx = prompt / calls + c / 2  # mean context over the decode
-            conc = max(1, min(calls, int(kv_capacity / (kv_tok * (prompt / calls + c)))))
-            waves = math.ceil(calls / conc)
-            it_mem = (n * 2 + conc * ctx * kv_tok) / (gpu.hbm_gbs * 1e9 * TIME["decode_bw_eff"])
-            it_flops = 2 * n * conc / (flops_s * TIME["prefill_mfu"])
-            t += waves * c * max(it_mem, it_flops) + 2 * n * prompt / (flops_s * TIME["prefill_mfu"])
+            if not calls:
+                continue
+            prompt = sum(s.prompt_tokens for s in stage) / calls
+            mean = sum(s.completion_tokens for s in stage) / calls
+            longest = expected_longest(max(s.completion_per_call for s in stage), beh.cv, calls,
+                                       g.max_completion_length)  # fmt: skip
+            t += stage_seconds(shape, gpu, calls, prompt, mean, longest, kv_capacity, lora)
         return t
 
     # Every rank waits for the slowest at the all-reduce: the per-rank work is stretched by the imbalance.
@@ -654,9 +858,8 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
     t_gen, t_train = generation(slots) * slow, t_train * slow
     # Evaluation: eval_size episodes (one per problem), every eval_every steps, split over the ranks.
     eval_eps = math.ceil(cfg.task.eval_size / n_gpus)
-    t_eval = (
-        generation(slot_tokens(cfg, frac, episodes=eval_eps)) * imbalance(n_gpus, eval_eps) / g.eval_every
-    )
+    eval_slots = slot_tokens(cfg, episodes=eval_eps, **beh.tokens_kw())
+    t_eval = generation(eval_slots) * imbalance(n_gpus, eval_eps) / g.eval_every
     sleep = (TIME["sleep_wake_s"] + TIME["sleep_wake_s_per_gb"] * shape.params * 2 / GB
              if getattr(cfg, "use_vllm_sleep", False) else 0.0)  # fmt: skip
     allreduce = allreduce_seconds(cfg, shape.lora_params(g.lora_r, g.lora_targets), n_gpus, gpu)
@@ -665,12 +868,18 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, frac: float, n_gp
     return parts if split else sum(parts.values())
 
 
-def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> RunPlan:
+def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int | None = None,
+             behaviour: Behaviour | None = None, all_rounds: bool = False) -> RunPlan:  # fmt: skip
     """Memory and time plan of one run (see RunPlan); `gpu` is a name in GPUS or a GPU.
 
-    n_gpus: data-parallel ranks (RunConfig.ranks): each rank rolls out and trains problems_per_step / n_gpus
-    problems, waits for the slowest (`imbalance`) and all-reduces the adapter gradients (`allreduce_seconds`);
-    memory per GPU is unchanged (every rank holds the model, the adapters and vLLM)."""
+    n_gpus: data-parallel ranks (default the run's RunConfig.ranks): each rank rolls out and trains
+    problems_per_step / n_gpus problems, waits for the slowest (`imbalance`) and all-reduces the adapter
+    gradients (`allreduce_seconds`); memory per GPU is unchanged (every rank holds the model, the adapters and
+    vLLM).
+    behaviour: what the policies do (e.g. `behaviour_from_metrics` of a run); both ends of the time range are
+    then this one. Default: `default_behaviour` at BEHAVIOUR["completion_fracs"]; all_rounds: the old bound,
+    every round and worker at 25% and 100% of the cap (COMPLETION_FRACS)."""
+    n_gpus = int(getattr(cfg, "ranks", 1) or 1) if n_gpus is None else n_gpus
     if not isinstance(gpu, GPU) and gpu not in GPUS:
         raise PlanError(f"gpu {gpu!r} is unknown; choose one of {', '.join(GPUS)}")
     if n_gpus < 1:
@@ -688,12 +897,16 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> R
     peak, peak_alt = _peak(mem), _peak(alt)
     full = slot_tokens(cfg, 1.0)
     tokens = {s.slot: (s.calls, round(s.prompt_tokens), round(s.completion_tokens)) for s in full}
-    lo = slot_tokens(cfg, COMPLETION_FRACS[0])
-    tps = (sum(s.prompt_tokens + s.completion_tokens for s in lo),
-           sum(s.prompt_tokens + s.completion_tokens for s in full))  # fmt: skip
+    if behaviour is not None:
+        behs = (behaviour, behaviour)
+    else:
+        fracs = COMPLETION_FRACS if all_rounds else BEHAVIOUR["completion_fracs"]
+        behs = tuple(default_behaviour(cfg, f, all_rounds) for f in fracs)
+    tps = tuple(sum(s.prompt_tokens + s.completion_tokens for s in slot_tokens(cfg, **b.tokens_kw()))
+                for b in behs)  # fmt: skip
     notes = []
     if cfg.device == "cuda":
-        parts = [_step_seconds(cfg, shape, card, f, n_gpus, ckpt, split=True) for f in COMPLETION_FRACS]
+        parts = [_step_seconds(cfg, shape, card, b, n_gpus, ckpt, split=True) for b in behs]
         step = tuple(sum(p.values()) for p in parts)
         hours = tuple(s * g.steps / 3600 for s in step)
         gpu_hours = tuple(h * n_gpus for h in hours)
@@ -710,6 +923,7 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int = 1) -> R
         gpu_memory_gb=card.memory_gb, fits=peak / GB <= (1 - MEMORY["margin"]) * card.memory_gb,
         step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
         imbalance=imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus)), allreduce_share=share,
+        behaviour=behs, signal_lead_s=signal_lead(cfg, shape, card, behs[-1], n_gpus, ckpt) if step else None,
     )  # fmt: skip
 
 
@@ -765,15 +979,90 @@ def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = 
     )
 
 
+# ------------------------------------------------------------------------------------------------ from a run
+
+# SLURM runtime for the rest of a run: its remaining time measured so far, plus this share for steps slower
+# than the first ones (longer completions as training goes on) and the checkpoint at the signal.
+RUNTIME_MARGIN = 0.25
+
+
+def run_metrics(run_dir: str | Path):
+    """A run folder's metric rows: RUN/metrics.parquet when the run finished, else its newest complete
+    checkpoint's (checkpoints/step-N/metrics.parquet: the rows so far)."""
+    import pandas as pd
+
+    from marlflow.models.runs import checkpoints
+
+    run_dir = Path(run_dir)
+    done = run_dir / "metrics.parquet"
+    ckpts = checkpoints(run_dir)
+    if not done.is_file() and not ckpts:
+        raise PlanError(
+            f"{run_dir}: no metrics.parquet and no complete checkpoint (checkpoints/step-N/COMPLETE) yet; "
+            "re-plan once the run has saved its first checkpoint (save_every)"
+        )
+    return pd.read_parquet(done if done.is_file() else list(ckpts.values())[-1] / "metrics.parquet")
+
+
+def replan(run_dir: str | Path, gpu: str = "h100-80gb", n_gpus: int | None = None, steps: int | None = None,
+           job_limit_min: int | None = None) -> dict:  # fmt: skip
+    """Re-plan a run from what its folder logged (config.json, `run_metrics`) in its first `steps` train
+    steps (all logged when None; the run is then taken to be at the last of them): the behaviour it showed (`behaviour_from_metrics`), tokens per step planned
+    with it against logged, the planner's step time with it (CUDA runs), the logged seconds per step and per
+    evaluation, the hours left at the logged pace, and the SLURM runtime for the rest (hours left plus
+    RUNTIME_MARGIN, at most `job_limit_min`, default JOB_LIMIT_MIN) with the submissions it needs."""
+    job_limit_min = job_limit_min or JOB_LIMIT_MIN
+    run_dir = Path(run_dir)
+    cfg_file = run_dir / "config.json"
+    if not cfg_file.is_file():
+        raise PlanError(f"{run_dir}: no config.json; --from-run takes a run folder (results/runs/<id>)")
+    cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
+    m = run_metrics(run_dir)
+    beh = behaviour_from_metrics(cfg, m, steps)
+    train = m[(m.split == "train") & (m.role != "all")]
+    logged = train[train.metric.isin(["tokens", "prompt_tokens"])].groupby("step").value.sum()
+    used = sorted(logged.index)[: steps or None]
+    planned = sum(s.prompt_tokens + s.completion_tokens for s in slot_tokens(cfg, **beh.tokens_kw()))
+    alls = m[(m.role == "all") & (m.step <= used[-1])]
+    step_s = alls[(alls.split == "train") & (alls.metric == "step_time") & alls.step.isin(used)].value
+    evals = alls[(alls.metric == "time_eval") & (alls.step > 0)].groupby("step").value.sum()
+    g = cfg.grpo
+    eval_from = "logged"
+    if evals.empty:  # only step 0's evaluation, often read from another run's: the train steps' generate pace
+        gen = alls[(alls.split == "train") & (alls.metric == "time_generate") & alls.step.isin(used)].value
+        episodes = cfg.task.eval_size + (cfg.task.val_size or 0)
+        evals = gen / (g.problems_per_step * g.group_size) * episodes
+        eval_from = "estimated from the train steps' generate pace"
+    done = int(used[-1])  # as of the last step used: --steps N asks what the ETA was after step N
+    left = g.steps - done
+    evals_left = sum(1 for k in range(done + 1, g.steps + 1) if k % g.eval_every == 0 or k == g.steps)
+    eval_s = float(evals.mean()) if len(evals) else 0.0
+    left_s = left * float(step_s.mean()) + evals_left * eval_s
+    need_min = math.ceil(left_s * (1 + RUNTIME_MARGIN) / 60)
+    out = {
+        "run_id": cfg.run_id, "device": cfg.device, "steps_done": done, "steps": g.steps, "behaviour": beh,
+        "steps_used": used, "tokens_planned": planned, "tokens_logged": [float(logged[s]) for s in used],
+        "step_s_logged": float(step_s.mean()), "eval_s_logged": eval_s, "eval_from": eval_from, "evals_left": evals_left,
+        "hours_left": left_s / 3600, "runtime_min": max(1, min(need_min, job_limit_min)),
+        "submissions": max(1, math.ceil(need_min / job_limit_min)), "step_s_planned": None,
+    }  # fmt: skip
+    if cfg.device == "cuda":
+        p = plan_run(cfg, gpu, n_gpus, behaviour=beh)
+        out.update(step_s_planned=p.step_seconds[0], run_hours_planned=p.run_hours[0], gpu=p.gpu)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def plan_sheet(matrix: str, preset: str | None, gpu: str = "h100-80gb", n_gpus: int = 1) -> list[RunPlan]:
-    """A RunPlan for every run of a preset's run sheet."""
+def plan_sheet(matrix: str, preset: str | None, gpu: str = "h100-80gb", n_gpus: int | None = None,
+               all_rounds: bool = False) -> list[RunPlan]:  # fmt: skip
+    """A RunPlan for every run of a preset's run sheet (n_gpus None: each run's own ranks)."""
     from marlflow.pipeline.matrix import run_sheet
 
     sheet = run_sheet(matrix, preset)
-    return [plan_run(RunConfig.from_dict(json.loads(c)), gpu, n_gpus) for c in sheet["config"]]
+    return [plan_run(RunConfig.from_dict(json.loads(c)), gpu, n_gpus, all_rounds=all_rounds)
+            for c in sheet["config"]]  # fmt: skip
 
 
 def _rng(x, fmt="{:,.0f}") -> str:
@@ -787,7 +1076,7 @@ def _tokens_text(p: RunPlan) -> str:
     )
 
 
-COLUMNS = ["run_id", "tokens per step by call: calls x (prompt+completion)", "tokens/step (25-100%)",
+COLUMNS = ["run_id", "tokens per step by call: calls x (prompt+completion)", "tokens/step (low-high)",
            "largest chunk (calls x S)", "weights GB", "adapters+AdamW GB", "activations GB", "act. other ckpt GB",
            "head+transient GB", "vLLM rollout / update GB", "peak GB", "fits (>=10% spare)", "step s", "run h",
            "GPU-h"]  # fmt: skip
@@ -820,8 +1109,8 @@ def summary(plans: list[RunPlan]) -> str:
     timed = [p for p in plans if p.gpu_hours]
     if timed:
         lo, hi = sum(p.gpu_hours[0] for p in timed), sum(p.gpu_hours[1] for p in timed)
-        lines.append(f"GPU-hours for the matrix: {lo:,.0f}-{hi:,.0f} (mean completion 25%-100% of the cap; "
-                     "planner prediction, +-2x).")  # fmt: skip
+        ends = " to ".join(b.source for b in timed[0].behaviour)
+        lines.append(f"GPU-hours for the matrix: {lo:,.0f}-{hi:,.0f} (planner prediction, +-2x; {ends}).")
         longest = max(timed, key=lambda p: p.run_hours[1])
         lines.append(f"Longest run: {longest.run_id}, {_rng(longest.run_hours)} h.")
     return "\n".join(lines)
@@ -834,15 +1123,17 @@ JOB_LIMIT_MIN = 2880
 
 
 def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[str, dict]:
-    """Per scale: the SLURM runtime in minutes (the longest predicted run at 100% of the cap, at most
-    `job_limit_min`), the submissions that longest run needs at that limit, its hours, and the peak GB."""
+    """Per scale: the SLURM runtime in minutes (the longest predicted run, top of its range, at most
+    `job_limit_min`), the submissions that longest run needs at that limit, its hours, the peak GB, and
+    signal_lead_s: the longest `signal_lead` of its runs (the N of the train rule's --signal=USR1@N)."""
     out: dict[str, dict] = {}
     for p in plans:
         if p.run_hours is None:
             continue
-        r = out.setdefault(p.scale, {"run_min": 0, "peak_gb": 0.0})
+        r = out.setdefault(p.scale, {"run_min": 0, "peak_gb": 0.0, "signal_lead_s": 0})
         r["run_min"] = max(r["run_min"], math.ceil(p.run_hours[1] * 60))
         r["peak_gb"] = round(max(r["peak_gb"], p.peak_gb), 1)
+        r["signal_lead_s"] = max(r["signal_lead_s"], p.signal_lead_s or 0)
     for r in out.values():
         run_min = r.pop("run_min")
         r.update(runtime=min(run_min, job_limit_min), submissions=math.ceil(run_min / job_limit_min),
@@ -850,10 +1141,40 @@ def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[
     return out
 
 
+# The signal lead (`signal_lead`): after SLURM's SIGUSR1 the trainer finishes an update that has started, or the
+# evaluation chunk it is in (RunConfig.eval_chunk_problems; 0: the whole evaluation), whichever it is in, then
+# writes the checkpoint (marlflow.training.preempt). A rollout stops at its next stage and is not counted. The
+# checkpoint write is CHECKPOINT_FIXED_S plus 16 bytes per LoRA parameter and policy (the fp32 adapter twice:
+# adapters/ and state.pt; AdamW's two moments) at CHECKPOINT_WRITE_GBS: planner assumptions for a shared
+# filesystem, not measured on a cluster. SIGNAL_LEAD_FLOOR_S covers start-up noise and SLURM's up to 60 s early
+# or late delivery; leads are rounded up to whole minutes.
+CHECKPOINT_FIXED_S = 30.0
+CHECKPOINT_WRITE_GBS = 0.2
+SIGNAL_LEAD_FLOOR_S = 300
+
+
+def signal_lead(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n_gpus: int,
+                checkpointing: bool) -> int:  # fmt: skip
+    """Seconds from SIGUSR1 to a written checkpoint for run `cfg` with behaviour `beh`: max(one update: train +
+    vLLM sleep/wake + all-reduce of `_step_seconds`, one evaluation chunk of min(eval_chunk_problems or
+    eval_size, eval_size) problems) + the checkpoint write, at least SIGNAL_LEAD_FLOOR_S, rounded up to 60 s."""
+    from dataclasses import replace
+
+    parts = _step_seconds(cfg, shape, gpu, beh, n_gpus, checkpointing, split=True)
+    update = parts["train"] + parts["sleep_wake"] + parts["allreduce"]
+    size = cfg.task.eval_size
+    chunk = min(cfg.eval_chunk_problems or size, size)
+    one = replace(cfg, task=replace(cfg.task, eval_size=chunk), grpo=replace(cfg.grpo, eval_every=1))
+    t_chunk = _step_seconds(one, shape, gpu, beh, n_gpus, checkpointing, split=True)["eval"]
+    lora = shape.lora_params(cfg.grpo.lora_r, cfg.grpo.lora_targets) * len(cfg.policies)
+    write = CHECKPOINT_FIXED_S + lora * 16 / (CHECKPOINT_WRITE_GBS * GB)
+    return max(SIGNAL_LEAD_FLOOR_S, math.ceil((max(update, t_chunk) + write) / 60) * 60)
+
+
 def choose_gpus(plans_by_n: dict[int, list[RunPlan]], target_hours: float, min_efficiency: float = 0.5
                 ) -> dict[str, dict]:  # fmt: skip
     """GPUs per run for each scale, from plans of the same runs at several GPU counts ({n_gpus: plans}, 1
-    included): the fewest GPUs whose longest run (at 100% of the cap) takes at most `target_hours`; when none
+    included): the fewest GPUs whose longest run (top of its range) takes at most `target_hours`; when none
     does, the most GPUs whose parallel efficiency (that run's 1-GPU hours / (n x its n-GPU hours)) is at least
     `min_efficiency`. Returns {scale: {"gpu": n, "longest_run_h": hours at n, "efficiency": e}}."""
     longest: dict[str, dict[int, float]] = {}

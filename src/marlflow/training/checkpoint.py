@@ -7,6 +7,11 @@
                        and NaN streak
     metrics.parquet    the metric rows so far; samples.parquet: the sample rows so far
     outcomes.parquet   the per-problem outcome rows so far
+    eval-partial.pt    only in a checkpoint taken between two chunks of the step's evaluation (a stop during it,
+                       RunConfig.eval_chunk_problems): the finished chunks' episodes and seconds
+                       (marlflow.training.evaluation.Partial), from which the rerun computes the evaluation's
+                       rows exactly (role metrics and samples read every episode); eval-partial-outcomes.parquet:
+                       those problems' outcome rows, for people and tools
     COMPLETE           written last; a folder without it is never resumed from. JSON: the step, the run
                        config's training identity and its fingerprint (marlflow.core.config), the rank count
 It is written to `.step-N.tmp` and renamed into place, so a kill at any moment leaves the newest complete
@@ -51,8 +56,12 @@ from marlflow.models.runs import adapter_dir, base_model_id, checkpoints, set_ba
 from marlflow.store.atomic import atomic_write_json, atomic_write_parquet
 from marlflow.store.schema import SAMPLE_COLUMNS, write_metrics, write_outcomes
 from marlflow.training import distributed
+from marlflow.training.evaluation import Partial
 
 log = logging.getLogger("marlflow.training.checkpoint")
+
+PARTIAL = "eval-partial.pt"  # a checkpoint's unfinished evaluation (evaluation.Partial as a dict)
+PARTIAL_OUTCOMES = "eval-partial-outcomes.parquet"  # its finished problems' outcome rows (OUTCOME_COLUMNS)
 
 
 class DiskFullError(RuntimeError):
@@ -124,7 +133,11 @@ def _write(trainer, tmp: Path) -> None:
     state = trainer.state_dict()
     metric_rows, sample_rows = state.pop("metric_rows"), state.pop("sample_rows")
     outcome_rows = state.pop("outcome_rows")
+    partial = state.pop("pending_eval", None)
     torch.save(state, tmp / "state.pt")
+    if partial is not None:  # whole or not at all with the folder (its rename below), like every file here
+        torch.save(vars(partial), tmp / PARTIAL)  # not dataclasses.asdict: the episodes stay Episodes
+        write_outcomes(partial.outcome_rows(trainer.cfg, trainer.task), tmp / PARTIAL_OUTCOMES)
     write_metrics(pd.DataFrame(metric_rows), tmp / "metrics.parquet")
     atomic_write_parquet(pd.DataFrame(sample_rows, columns=SAMPLE_COLUMNS), tmp / "samples.parquet")
     write_outcomes(outcome_rows, tmp / "outcomes.parquet")
@@ -163,6 +176,11 @@ def restore(trainer) -> bool:
         log.warning(
             "%s holds no outcomes.parquet: the evaluations before it keep no per-problem outcomes", ckpt
         )
+    # stopped between two chunks of the step's evaluation: the rerun goes on from the next chunk
+    if (ckpt / PARTIAL).exists():
+        state["pending_eval"] = Partial(**torch.load(ckpt / PARTIAL, weights_only=False))
+        log.info("%s holds %d problems of its step's evaluation; evaluating the rest first", ckpt.name,
+                 state["pending_eval"].done())  # fmt: skip
     trainer.load_state_dict(state)  # also publishes the restored adapters to the rollout engine
     log.info("resumed from %s", ckpt)
     return True

@@ -10,6 +10,16 @@ torch's CPU and CUDA generators are forked and reseeded (HF sampling), and every
 seed (vLLM's sampler has its own RNG, which torch's seed does not reach). The backend's stored K/V are dropped
 afterwards, so the next training rollout runs as it would after a resume.
 
+Chunks (RunConfig.eval_chunk_problems > 0): a split's problems are rolled out eval_chunk_problems at a time, in
+order, and the trainer checks for a stop before each chunk (`should_stop`), so an evaluation of hours can stop
+mid-way and resume at its next chunk (`Partial` holds the finished chunks' episodes; the trainer checkpoints it).
+How sampling stays the same whether a run stopped or not: each chunk starts its own RNG stream from a seed
+that is a pure function of the evaluation's seed and the chunk's index (`chunk_seed`), so a chunk samples the
+same tokens in the uninterrupted run and in the rerun, and no RNG state has to cross a stop. Under
+sampling_seeds "per_call" a call's key already names its problem, so every chunk keeps the evaluation's seed.
+A chunk is its own batch (and, under "stream", its own stream), so the numbers depend on the chunk size: it is
+part of the run's identity. 0 (the default) is one chunk per split, the evaluation as it always ran.
+
 base: the adapters are the untrained ones (B = 0, every policy the base model): every role is routed to the
 first policy, which makes the evaluation the same under SP and IP (marlflow.training.base_eval). What the metrics
 mean: marlflow.core.definitions; marlflow.training.trainer calls these at step 0 and every grpo.eval_every steps,
@@ -19,6 +29,7 @@ marlflow.cli.evaluate for a saved checkpoint on any task.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections import defaultdict
@@ -47,6 +58,63 @@ class Evaluation:
     sample_rows: list[dict]
     accuracy: float
     outcome_rows: list[dict] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Partial:
+    """An evaluation stopped between chunks (RunConfig.eval_chunk_problems): the step it evaluates, the finished
+    chunks' episodes per purpose ("eval": test, "val": validation; in the problems' order, every rank's), and the
+    wall seconds spent on each so far (time_eval goes on from them). The trainer checkpoints it
+    (marlflow.training.checkpoint: eval-partial.pt) and resumes at the next chunk."""
+
+    step: int
+    episodes: dict = dataclasses.field(default_factory=dict)
+    seconds: dict = dataclasses.field(default_factory=dict)
+
+    def done(self) -> int:
+        """Problems evaluated so far, both splits."""
+        return sum(len(e) for e in self.episodes.values())
+
+    def outcome_rows(self, cfg, task) -> list[dict]:
+        """The finished problems' outcome rows (OUTCOME_COLUMNS), test rows first, as the finished evaluation
+        will have them: the test episodes' other candidates (Voting, Orch-Workers) are scored here, as
+        `eval_rows` scores them over every episode at the evaluation's end (their `candidates_correct`)."""
+        if self.episodes.get("eval"):
+            workflows.eval_metrics(cfg.workflow, self.episodes["eval"], task)
+        return [r for p in ("eval", "val") for r in outcome_rows(cfg, self.step, p, self.episodes.get(p, []))]
+
+
+def chunk_seed(cfg, seed: int, k: int) -> int:
+    """The sampling seed of chunk k (0-based) of an evaluation seeded with `seed`: `seed` itself for the first
+    chunk, and for every chunk under sampling_seeds "per_call" (a call's key already holds its problem's uid);
+    under "stream" a seed drawn from (seed, k) by blake2b (in [0, 2**31 - 1): what vLLM's request seeds and
+    torch.manual_seed take), so chunk k samples the same tokens whatever came before it."""
+    if k == 0 or cfg.sampling_seeds == "per_call":
+        return seed
+    text = f"{int(seed)}:{int(k)}".encode()
+    digest = hashlib.blake2b(text, digest_size=8, person=b"marlflow-chunk").digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def chunked_episodes(cfg, task, backend, encoder, problems: list, seed: int, base: bool, purpose: str = "eval",
+                     partial: Partial | None = None, should_stop=None) -> list | None:  # fmt: skip
+    """`episodes` of `problems`, cfg.eval_chunk_problems at a time (0: all at once), chunk k sampled from
+    `chunk_seed(cfg, seed, k)`. partial: the finished chunks' episodes are read from and added to
+    partial.episodes[purpose] (and the seconds to partial.seconds[purpose]), so a resumed evaluation starts at
+    its next chunk. should_stop: asked before each chunk when chunks are on (never with one chunk; every rank
+    asks at the same chunks: distributed.stop_agreed); yes returns None, the finished chunks kept in `partial`."""
+    size = cfg.eval_chunk_problems or max(len(problems), 1)
+    done = partial.episodes.setdefault(purpose, []) if partial is not None else []
+    stop = should_stop if cfg.eval_chunk_problems else None
+    while len(done) < len(problems):
+        if stop is not None and stop():
+            return None
+        t0, start = time.perf_counter(), len(done)
+        done += episodes(cfg, task, backend, encoder, problems[start : start + size],
+                         chunk_seed(cfg, seed, start // size), base, purpose)  # fmt: skip
+        if partial is not None:
+            partial.seconds[purpose] = partial.seconds.get(purpose, 0.0) + time.perf_counter() - t0
+    return list(done)
 
 
 def accuracy(episodes: list) -> dict:
@@ -82,10 +150,17 @@ def episodes(
 
 
 @torch.no_grad()
-def evaluate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False) -> Evaluation:
-    """Workflow accuracy on the test problems (split "eval"), one episode each: `eval_rows` of `episodes`."""
+def evaluate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False,
+             partial: Partial | None = None, should_stop=None) -> Evaluation | None:  # fmt: skip
+    """Workflow accuracy on the test problems (split "eval"), one episode each: `eval_rows` of
+    `chunked_episodes`; None when `should_stop` stopped it between chunks (see chunked_episodes)."""
     t0 = time.perf_counter()
-    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + EVAL_SEED_OFFSET, base)
+    eps = chunked_episodes(cfg, task, backend, encoder, problems, cfg.seed + EVAL_SEED_OFFSET, base, "eval",
+                           partial, should_stop)  # fmt: skip
+    if eps is None:
+        return None
+    if partial is not None:  # time_eval: this evaluation's own seconds, over every attempt
+        t0 = time.perf_counter() - partial.seconds.get("eval", 0.0)
     return eval_rows(cfg, task, step, eps, t0, encoder.tok)
 
 
@@ -116,11 +191,18 @@ def eval_rows(cfg, task, step: int, eps: list, t0: float, tok) -> Evaluation:
 
 
 @torch.no_grad()
-def validate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False) -> Evaluation:
+def validate(cfg, task, backend, encoder, problems: list, step: int, base: bool = False,
+             partial: Partial | None = None, should_stop=None) -> Evaluation | None:  # fmt: skip
     """Workflow accuracy on the validation problems (split "val", role "all": accuracy, accuracy_se, n_eval,
-    time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's."""
+    time_eval); what cliff_guard reads. Its own seed, so its samples are not the test's. Chunks, partial and
+    should_stop as in `evaluate`."""
     t0 = time.perf_counter()
-    eps = episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base, "val")
+    eps = chunked_episodes(cfg, task, backend, encoder, problems, cfg.seed + VAL_SEED_OFFSET, base, "val",
+                           partial, should_stop)  # fmt: skip
+    if eps is None:
+        return None
+    if partial is not None:
+        t0 = time.perf_counter() - partial.seconds.get("val", 0.0)
     values = {**accuracy(eps), "time_eval": time.perf_counter() - t0}
     return Evaluation(rows(cfg.factors, step, "val", "all", values), [], values["accuracy"],
                       outcome_rows(cfg, step, "val", eps))  # fmt: skip

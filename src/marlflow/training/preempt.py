@@ -9,7 +9,10 @@ SIGUSR1 a request that the trainer reads at its safe points (marlflow.training.t
   CUDA RNG states and the rollout engine's stored K/V go back to what they were at the step's start, so the
   rerun does that step exactly as an uninterrupted run does. A rollout stops at its next stage
   (`marlflow.workflows.Context.should_stop`), not at the end of the rollout.
-- during or after the update: the step is finished, its evaluation included when one is due.
+- during or after the update: the step is finished, its evaluation included when one is due. A chunked
+  evaluation (RunConfig.eval_chunk_problems > 0) stops before its next chunk instead: the step's checkpoint
+  keeps the finished chunks' episodes (marlflow.training.evaluation.Partial), and the rerun evaluates the rest
+  before its next step, so the run ends as an uninterrupted one does (tests/test_mid_eval.py).
 
 Then the last completed step is checkpointed (unless that very checkpoint is already on disk; a deferred step-0
 evaluation is filled in first, so the checkpoint holds step 0's rows), one line is logged (the signal, the step
@@ -17,7 +20,8 @@ checkpointed, "steps lost: 0"), and the process exits with EXIT_PREEMPTED = 75 (
 "try again later"). Snakemake counts the job as failed and resubmits it (`retries`), and the rerun resumes from
 that checkpoint: no step is lost and none is done twice (tests/test_resume.py). A signal that arrives before the
 first step starts leaves nothing to checkpoint: the rerun starts again from step 0, whose evaluation it reads
-from the cell's shared cache (marlflow.training.base_eval). A signal during the last step lets the run finish normally.
+from the cell's shared cache (marlflow.training.base_eval). A signal during the last step lets the run finish normally,
+unless it stops a chunked evaluation.
 
 A second SIGTERM or SIGUSR1 exits at once with 128 + the signal's number (143 / 138), as every SIGTERM did
 before: SLURM's SIGTERM at the time limit follows its SIGUSR1 (and SIGKILL follows KillWait seconds later),

@@ -17,10 +17,13 @@ reads top to bottom. The step is split in three modules; this one holds the loop
                              finish_policy: role metrics; intervention hook g = sum_r scale_r * g_r
                                  (marlflow.interventions.role_scales; KL acts on the loss)
                          apply_step: clip each policy's gradient; step its own AdamW and scheduler
-    marlflow.training.evaluation  evaluate every eval_every steps (the same function as `marlflow eval`)
+    marlflow.training.evaluation  evaluate every eval_every steps (the same function as `marlflow eval`), in chunks of
+                         run.eval_chunk_problems problems with a stop check before each (0: one chunk)
     marlflow.training.checkpoint  checkpoint every save_every steps: state_dict() / load_state_dict()
-    SIGTERM / SIGUSR1 (marlflow.training.preempt): abandon the step if its update has not started, else finish it;
-                         checkpoint the last completed step; raise preempt.Preempted (exit 75, rerun)
+    SIGTERM / SIGUSR1 (marlflow.training.preempt): abandon the step if its update has not started, else finish it
+                         (a chunked evaluation: up to its current chunk, the finished chunks kept in the
+                         checkpoint and the rest evaluated by the rerun); checkpoint the last completed step;
+                         raise preempt.Preempted (exit 75, rerun)
 
 Data parallel (marlflow.training.distributed; docs/slurm.md "Several GPUs per run"): each rank rolls out its shard of the
 step's problems, the update sums the gradients over the ranks, the train rows and the evaluations read every
@@ -155,6 +158,9 @@ class MultiAgentGRPOTrainer:
         self.grad_ema: dict[str, torch.Tensor] = {}
         self.itv = itv.build(cfg)  # the run's intervention: its hooks and its (checkpointed) state
         self._pending_base = None  # a deferred step-0 evaluation: (SharedBaseEval, initial adapters)
+        # an evaluation of self.step stopped between chunks (evaluation.Partial): checkpointed with the step,
+        # finished by the rerun before its next step
+        self._pending_eval: evaluation.Partial | None = None
         self.trackers: Trackers | None = None  # fit()'s, open while it runs
         # the progress line's: the newest evaluation's accuracy; the newest step's reward, live share, seconds
         self.last_acc: float | None = None
@@ -314,20 +320,38 @@ class MultiAgentGRPOTrainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_workflow(self, step: int, base: bool = False) -> evaluation.Evaluation:
+    def evaluate_workflow(
+        self, step: int, base: bool = False, stoppable: bool = False
+    ) -> evaluation.Evaluation | None:
         """Workflow accuracy on the fixed held-out subset, one episode per problem (marlflow.training.evaluation, whose
         docstring says how its sampling leaves training's RNG untouched; base: the untrained adapters, every
         role routed to the first policy). Returns its rows (the caller places them in the run's tables) and the
         test accuracy.
 
         With validation problems (task.val_size), they are evaluated next the same way (with their own seed):
-        their metric rows (split "val") follow the test rows; their episodes give no sample rows."""
+        their metric rows (split "val") follow the test rows; their episodes give no sample rows.
+
+        stoppable (training's evaluations after a step; run.eval_chunk_problems > 0): every rank asks for a stop
+        before each chunk (distributed.stop_agreed); on one it returns None with the finished chunks in
+        self._pending_eval (the checkpoint keeps them), and the next call for the same step goes on from there."""
         args = self.cfg, self.task, self.backend, self.encoder
-        ev = evaluation.evaluate(*args, self.eval_problems, step, base)
+        part, stop = None, None
+        if stoppable and self.cfg.eval_chunk_problems:
+            if self._pending_eval is None:
+                self._pending_eval = evaluation.Partial(step)
+            part, stop = self._pending_eval, distributed.stop_agreed
+            assert part.step == step, (part.step, step)  # resumed evaluations finish before the next step
+        ev = evaluation.evaluate(*args, self.eval_problems, step, base, part, stop)
+        if ev is None:
+            return None
         log.info("step %d eval accuracy %.3f (n=%d)", step, ev.accuracy, len(self.eval_problems))
         if not self.val_problems:
+            self._pending_eval = None
             return ev
-        val = evaluation.validate(*args, self.val_problems, step, base)
+        val = evaluation.validate(*args, self.val_problems, step, base, part, stop)
+        if val is None:
+            return None
+        self._pending_eval = None
         log.info("step %d validation accuracy %.3f (n=%d)", step, val.accuracy, len(self.val_problems))
         return dataclasses.replace(
             ev, metric_rows=ev.metric_rows + val.metric_rows, outcome_rows=ev.outcome_rows + val.outcome_rows
@@ -464,6 +488,7 @@ class MultiAgentGRPOTrainer:
             "metric_rows": self.metric_rows,
             "sample_rows": self.sample_rows,
             "outcome_rows": self.outcome_rows,
+            "pending_eval": self._pending_eval,  # None, or the step's evaluation stopped between chunks
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -482,6 +507,7 @@ class MultiAgentGRPOTrainer:
         self.itv.load_state_dict(state.get("interventions", {}))
         self.metric_rows, self.sample_rows = list(state["metric_rows"]), list(state["sample_rows"])
         self.outcome_rows = list(state.get("outcome_rows", []))  # absent in checkpoints written before them
+        self._pending_eval = state.get("pending_eval")
         self.backend.on_update()
 
     def save_checkpoint(self) -> Path | None:
@@ -531,20 +557,28 @@ class MultiAgentGRPOTrainer:
         self.trackers.start(self.metric_rows, resumed_step=self.step or None)  # what each tracker lacks
         first, t_start = self.step, time.perf_counter()
         last_save = time.monotonic()  # time-based checkpoints (RunConfig.save_every_minutes)
-        while self.step < g.steps and not distributed.stop_agreed():  # every rank asks at each step boundary
-            self.step += 1
-            if not self.train_step(self.step):  # stopped during its rollout: the step is undone
-                self.step -= 1
-                break
-            evaluate = self.step % g.eval_every == 0 or self.step == g.steps
-            save = (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
+        # Resumed from a checkpoint taken between two chunks of its step's evaluation: that evaluation is finished
+        # first (from its next chunk), then checkpointed again, whole, in place of the partial one.
+        resume_eval = self._pending_eval is not None
+        # every rank asks at each step boundary
+        while (resume_eval or self.step < g.steps) and not distributed.stop_agreed():
+            if not resume_eval:
+                self.step += 1
+                if not self.train_step(self.step):  # stopped during its rollout: the step is undone
+                    self.step -= 1
+                    break
+            evaluate = resume_eval or self.step % g.eval_every == 0 or self.step == g.steps
+            save = resume_eval or (g.save_every and self.step % g.save_every == 0) or self.step == g.steps
+            resume_eval = False
             if self.cfg.save_every_minutes and not save:  # rank 0's clock decides for every rank
                 unsaved = time.monotonic() - last_save
                 save = distributed.from_main(lambda u=unsaved: u >= 60 * self.cfg.save_every_minutes)
             if evaluate or save:
                 self._settle_base_eval()
             if evaluate:
-                ev = self.evaluate_workflow(self.step)
+                ev = self.evaluate_workflow(self.step, stoppable=True)
+                if ev is None:  # stopped between two chunks: checkpointed below with the finished ones
+                    break
                 self._place(ev)
                 self.last_acc = ev.accuracy
                 self._after_eval()
@@ -552,10 +586,10 @@ class MultiAgentGRPOTrainer:
             if save:
                 self.save_checkpoint()
                 last_save = time.monotonic()
-            self._log_progress(first, t_start)
-        if (
-            self.step < g.steps
-        ):  # a SIGTERM / SIGUSR1 (marlflow.training.preempt): checkpoint, exit 75 for a rerun
+            if self.step > first:  # not after a resumed evaluation alone
+                self._log_progress(first, t_start)
+        # a SIGTERM / SIGUSR1 (marlflow.training.preempt): checkpoint, exit 75 for a rerun
+        if self.step < g.steps or self._pending_eval is not None:
             self._stop_for_rerun()
         self._settle_base_eval()
         return pd.DataFrame(self.metric_rows)
@@ -565,8 +599,15 @@ class MultiAgentGRPOTrainer:
         preempt.Preempted (marlflow.cli.train exits with preempt.EXIT_PREEMPTED; the rerun resumes from here). Every
         rank calls it after the same step (distributed.stop_agreed); rank 0 decides and writes."""
         done = distributed.from_main(lambda: {p.name for p in checkpoint.complete(self.out_dir)})
+        part = self._pending_eval
         if self.step == 0:  # the rerun starts afresh and reads step 0's evaluation from the cell's cache
             what = "no step completed, nothing to checkpoint"
+        elif part is not None:  # mid-evaluation: the step and its finished chunks (newer than any on disk)
+            self.trackers.log(self.metric_rows)
+            self.save_checkpoint()
+            n = len(self.eval_problems) + len(self.val_problems)
+            what = (f"checkpointed step-{self.step} with {part.done()} of its evaluation's {n} problems done, "
+                    "kept for the rerun to go on from" + ("" if distributed.is_main() else " (by rank 0)"))  # fmt: skip
         elif f"step-{self.step}" in done:
             what = f"checkpoint step-{self.step} already written"
         else:

@@ -798,10 +798,9 @@ def sampling_copy_bytes(cfg: RunConfig, shape: ModelShape) -> float:
 def _peak(m: dict) -> float:
     """The largest of the rollout phase, the update phase and, with a sampling copy, its construction (a deep
     copy of the model in the training dtype, cast to bf16 afterwards: the weights twice for a moment)."""
-    base = m["weights"] + m["adapters"] + m["cuda_context"] + m.get("runtime", 0.0)
-    base += m.get("sampling_copy", 0.0)
-    setup = base + m["weights"] if m.get("sampling_copy") else 0.0
-    update = base + m["activations"] + m["head"] + m.get("heap_retained", 0.0) + m["vllm_update"]
+    base = m["weights"] + m["adapters"] + m["cuda_context"] + m["runtime"] + m["sampling_copy"]
+    setup = base + m["weights"] if m["sampling_copy"] else 0.0
+    update = base + m["activations"] + m["head"] + m["heap_retained"] + m["vllm_update"]
     return max(base + m["vllm_rollout"], update, setup)
 
 
@@ -923,7 +922,7 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int | None = 
         gpu_memory_gb=card.memory_gb, fits=peak / GB <= (1 - MEMORY["margin"]) * card.memory_gb,
         step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
         imbalance=imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus)), allreduce_share=share,
-        behaviour=behs, signal_lead_s=signal_lead(cfg, shape, card, behs[-1], n_gpus, ckpt) if step else None,
+        behaviour=behs, signal_lead_s=signal_lead(cfg, shape, card, behs[-1], n_gpus, ckpt, parts[-1]) if step else None,
     )  # fmt: skip
 
 
@@ -1154,13 +1153,15 @@ SIGNAL_LEAD_FLOOR_S = 300
 
 
 def signal_lead(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n_gpus: int,
-                checkpointing: bool) -> int:  # fmt: skip
+                checkpointing: bool, parts: dict | None = None) -> int:  # fmt: skip
     """Seconds from SIGUSR1 to a written checkpoint for run `cfg` with behaviour `beh`: max(one update: train +
     vLLM sleep/wake + all-reduce of `_step_seconds`, one evaluation chunk of min(eval_chunk_problems or
-    eval_size, eval_size) problems) + the checkpoint write, at least SIGNAL_LEAD_FLOOR_S, rounded up to 60 s."""
+    eval_size, eval_size) problems) + the checkpoint write, at least SIGNAL_LEAD_FLOOR_S, rounded up to 60 s.
+    parts: `_step_seconds(..., split=True)` for `beh` when the caller has it (plan_run), else computed here."""
     from dataclasses import replace
 
-    parts = _step_seconds(cfg, shape, gpu, beh, n_gpus, checkpointing, split=True)
+    if parts is None:
+        parts = _step_seconds(cfg, shape, gpu, beh, n_gpus, checkpointing, split=True)
     update = parts["train"] + parts["sleep_wake"] + parts["allreduce"]
     size = cfg.task.eval_size
     chunk = min(cfg.eval_chunk_problems or size, size)

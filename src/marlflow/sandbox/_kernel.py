@@ -45,10 +45,16 @@ def _unshare_network() -> bool:
         return False
     if os.geteuid() == 0 and _libc.unshare(_CLONE_NEWNET) == 0:
         return True
+    return _new_user_namespace(_CLONE_NEWNET)
+
+
+def _new_user_namespace(flags: int = 0) -> bool:
+    """unshare(CLONE_NEWUSER | flags) with this process's ids mapped to themselves, so files it creates keep
+    their owner and it does not see uid 65534 (overflow); the maps are optional, a refused write is harmless.
+    False if the unshare is refused."""
     uid, gid = os.geteuid(), os.getegid()
-    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+    if _libc.unshare(_CLONE_NEWUSER | flags) != 0:
         return False
-    # Map our own ids so files we create keep their owner (optional; failure is harmless).
     for path, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with contextlib.suppress(OSError), open(f"/proc/self/{path}", "w") as f:
             f.write(text)
@@ -63,14 +69,7 @@ def _own_user_namespace() -> bool:
     when this namespace was made (the caller's), never against the candidate's. False if refused."""
     if not sys.platform.startswith("linux") or _NO_NAMESPACES:
         return False
-    uid, gid = os.geteuid(), os.getegid()
-    if _libc.unshare(_CLONE_NEWUSER) != 0:
-        return False
-    # Optional, as in _unshare_network: without the map the program would see uid 65534 (overflow).
-    for path, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with contextlib.suppress(OSError), open(f"/proc/self/{path}", "w") as f:
-            f.write(text)
-    return True
+    return _new_user_namespace()
 
 
 def _probe_user_namespace() -> bool:

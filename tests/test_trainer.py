@@ -15,6 +15,7 @@ import torch
 
 from marlflow.cli.train import build_trainer, run
 from marlflow.core import algos
+from marlflow.core.workflow_spec import spec_of
 from marlflow.store.schema import METRIC_COLUMNS, validate_metrics
 from marlflow.tasks import Problem, register
 from marlflow.tasks.toy import ToyMath
@@ -31,7 +32,7 @@ class Parity(ToyMath):
 
 
 CELLS = [("single", "sp"), ("eval_opt", "sp"), ("eval_opt", "ip"), ("voting", "sp"), ("voting", "ip"),
-         ("orch_workers", "sp"), ("orch_workers", "ip")]  # fmt: skip
+         ("orch_workers", "sp"), ("orch_workers", "ip"), ("voting", "agent"), ("orch_workers", "agent")]  # fmt: skip
 
 
 def _adapter_b(ckpt_dir, policy):
@@ -65,9 +66,14 @@ def test_two_step_run(make_cfg, tmp_path, workflow, sharing):
     assert train[(train.role == "all") & (train.metric == "nan_skipped")].value.sum() == 0
     evals = on_disk[(on_disk.split == "eval") & (on_disk.metric == "accuracy") & (on_disk.role == "all")]
     assert evals.step.tolist() == [0, 1, 2]
-    # every policy's adapter moved away from its zero-initialised B
+    # every policy's adapter moved away from its zero-initialised B: each that a mandatory slot trains (under
+    # agent, Orch-Workers' worker1.. run only in episodes whose orchestrator gave that many strategies)
     ckpt = tmp_path / "checkpoints" / "step-2"
-    for policy in cfg.policies:
+    spec = spec_of(workflow)
+    trained = {cfg.policy_of(c.role, c.slot) for st in spec.stages(cfg, cfg.task_axis) for c in st
+               if spec.is_mandatory(c.slot)}  # fmt: skip
+    assert trained == set(cfg.policies) or sharing == "agent"
+    for policy in trained:
         assert any(v.abs().sum() > 0 for v in _adapter_b(ckpt, policy).values()), policy
     assert len(metrics) == len(on_disk)
 
@@ -137,6 +143,58 @@ def test_ip_update_touches_only_its_own_adapter(make_cfg, tmp_path):
         p: any(not torch.equal(a, b) for a, b in zip(before[p], trainer.policies[p].params)) for p in before
     }
     assert changed == {"generator": False, "aggregator": True}
+
+
+def test_per_agent_policies_are_the_agents_and_each_gets_only_its_own_calls(make_cfg, tmp_path):
+    """Sharing 'agent': one adapter per voter and one for the aggregator; every GRPO group trains one of them,
+    each adapter's gradient is the one its own calls give alone (no leak through the shared forward, the
+    batching or the normaliser), and the others get none."""
+    trainer = build_trainer(make_cfg("voting", "agent", task="parity", max_grad_norm=1e6), tmp_path)
+    cfg = trainer.cfg
+    assert cfg.policies == ("generator0", "generator1", "generator2", "aggregator")
+    assert set(trainer.model.peft_config) == set(cfg.policies)
+    episodes = rollout(cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    assert {cfg.policy_of(c.role, c.slot) for c in calls} == set(cfg.policies)
+    every = _update_grads(trainer, calls, adv)
+    assert set(every) == set(cfg.policies)
+    for policy in cfg.policies:
+        own = [i for i, c in enumerate(calls) if cfg.policy_of(c.role, c.slot) == policy]
+        alone = _update_grads(trainer, [calls[i] for i in own], adv[own])
+        assert set(alone) == {policy}, policy
+        assert every[policy].norm() > 0 and _rel(every[policy], alone[policy]) < 1e-5, policy
+
+
+def test_per_agent_role_metrics_join_the_agents_adapters(make_cfg, tmp_path):
+    """The generator role's metrics under 'agent' are measured on the direct sum of the three voters' adapters:
+    its contribution is the norm of theirs joined, its slots sit on disjoint parameters (slot_cos 0,
+    slot_amplification 1), and its grad_norm is that of the role's own mean loss (each voter's share 1/3)."""
+    trainer = build_trainer(make_cfg("voting", "agent", task="parity", max_grad_norm=1e6), tmp_path)
+    cfg = trainer.cfg
+    episodes = rollout(cfg, trainer.task, trainer.problems_for(1), trainer._ctx(1.0), 4)
+    calls, _, adv, _, _ = trainer.flatten(episodes)
+    got = _update_grads(trainer, calls, adv)
+    stats = trainer.update(calls, adv)
+    gen = stats["generator"]
+    joined = torch.cat([got[f"generator{k}"] for k in range(3)])
+    assert gen["grad_contrib_pre"] == pytest.approx(joined.norm().item(), rel=1e-5)
+    assert gen["grad_norm"] == pytest.approx(joined.norm().item() / 3, rel=1e-5)  # grpo: equal call counts
+    assert gen["slot_cos"] == pytest.approx(0.0, abs=1e-7)
+    assert gen["slot_amplification"] == pytest.approx(1.0, rel=1e-5)
+    assert gen["proj_share"] == pytest.approx(1.0, rel=1e-6) and "cos_others" not in gen
+    assert sum(stats[r]["grad_share"] for r in cfg.role_types) == pytest.approx(1.0)
+
+
+def test_per_agent_is_refused_where_it_is_ip_and_with_an_intervention(make_cfg):
+    from marlflow.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no parallel role"):
+        make_cfg("eval_opt", "agent")
+    with pytest.raises(ConfigError, match="one adapter per agent"):
+        dataclasses.replace(make_cfg("voting", "agent"), intervention="norm",
+                            intervention_spec={"kind": "same_role_norm"})  # fmt: skip
+    with pytest.raises(ValueError, match="give the slot"):
+        make_cfg("voting", "agent").policy_of("generator")
 
 
 def test_sp_measures_each_roles_gradient(make_cfg, tmp_path):

@@ -39,9 +39,11 @@ PAIRED_CLIFF_COLUMNS = ["run_id", "workflow", "sharing", "scale", "task", "seed"
 AT = ("heldout", "terminal")
 CORRECTIONS = ("bonferroni", "none")
 # matrix.yaml `analysis: {paired: {...}}`: what may be declared, and the defaults when nothing is.
-PAIRED_DEFAULTS = {"contrasts": ["sp-ip", "itv-none"], "primary": "heldout", "correction": "bonferroni",
+PAIRED_DEFAULTS = {"contrasts": ["sp-ip", "sp-agent", "ip-agent", "itv-none"], "primary": "heldout", "correction": "bonferroni",
                    "alpha": 1 - CI_LEVEL, "mde": None}  # fmt: skip
-CONTRASTS = ("sp-ip", "itv-none")
+CONTRASTS = ("sp-ip", "sp-agent", "ip-agent", "itv-none")
+# The sharing contrasts: a-b compares sharing a with sharing b within each cell (no rows without both arms).
+SHARING_CONTRASTS = ("sp-ip", "sp-agent", "ip-agent")
 
 
 def check_declared(d: object) -> None:
@@ -119,8 +121,9 @@ def _arms(read: pd.DataFrame, keys: list[str], a: pd.Series, b: pd.Series, pool:
 
 def _contrast_groups(read: pd.DataFrame, contrast: str):
     """(label a, label b, group keys, mask a, mask b, extra pairing keys) for each comparison of `contrast`."""
-    if contrast == "sp-ip":
-        yield "sp", "ip", ["intervention"], read["sharing"].eq("sp"), read["sharing"].eq("ip"), []
+    if contrast in SHARING_CONTRASTS:
+        a, b = contrast.split("-")
+        yield a, b, ["intervention"], read["sharing"].eq(a), read["sharing"].eq(b), []
     else:  # itv-none: each intervention against none, within sharing
         for itv in sorted(set(read["intervention"]) - {"none"}):
             yield itv, "none", [], read["intervention"].eq(itv), read["intervention"].eq("none"), ["sharing"]
@@ -146,7 +149,7 @@ def paired_contrasts(
                     for key, g in read[sub_at & (ma | mb)].groupby(by, sort=True):
                         cell = dict(zip(by, key if isinstance(key, tuple) else (key,)))
                         pair_on = [*reps, *extra] + (["workflow"] if pooled else [])
-                        if contrast == "sp-ip":
+                        if contrast in SHARING_CONTRASTS:
                             pair_on = [c for c in pair_on if c != "sharing"]
                         fixed_levels = [c for c in pair_on if c not in reps]
                         got = _arms(g, pair_on, ma[g.index], mb[g.index], fixed_levels)
@@ -155,7 +158,7 @@ def paired_contrasts(
                         records.append({"contrast": contrast, "a": la, "b": lb, "at": at,
                                         "workflow": "all" if pooled else cell["workflow"], "scale": cell["scale"],
                                         "task": cell["task"],
-                                        "intervention": cell.get("intervention", la if contrast != "sp-ip" else ""),
+                                        "intervention": cell.get("intervention", "" if contrast in SHARING_CONTRASTS else la),
                                         "arrays": got})  # fmt: skip
     if not records:
         return pd.DataFrame(columns=PAIRED_COLUMNS)

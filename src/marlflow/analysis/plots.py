@@ -54,8 +54,8 @@ from marlflow.core.workflow_spec import baseline  # noqa: E402
 from marlflow.store.atomic import atomic_write_bytes
 from marlflow.store.schema import FACTOR_COLUMNS  # noqa: E402
 
-SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "single": "#2ca02c"}
-SHARING_LABELS = {"sp": "SP", "ip": "IP", "single": "single-agent"}
+SHARING_COLOURS = {"sp": "#1f77b4", "ip": "#d62728", "agent": "#9467bd", "single": "#2ca02c"}
+SHARING_LABELS = {"sp": "SP", "ip": "IP", "agent": "AS (per agent)", "single": "single-agent"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 ROLE_COLOURS = {
     "generator": "#1f77b4",

@@ -196,7 +196,7 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     (seed, build) pair when the runs carry a build column; n_pairs counts them).
 
     sp-ip: per (workflow, scale, task, intervention), SP run minus IP run of the same replicate; sharing
-    "sp-ip". ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run
+    "sp-ip". sp-agent, ip-agent: the same against the run with one adapter per agent (sharing agent). ma-sa: per (workflow, sharing, scale, task, intervention) of a multi-agent workflow, that run
     minus the `single` run (sharing sp) of the same scale, task, intervention and replicate.
     itv-none: per cell with an intervention, that run minus the run without one (intervention none) of the
     same workflow, sharing, scale, task and replicate: what the intervention changed.
@@ -209,8 +209,9 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     rep = replicate_keys(s)
     same_cell = ["workflow", "sharing", "scale", "task", *rep]
     records = [
-        *_differences("sp-ip", s[s["sharing"] == "sp"].assign(sharing="sp-ip"), s[s["sharing"] == "ip"],
-                      ["workflow", "scale", "task", "intervention", *rep]),
+        *(r for a, b in (("sp", "ip"), ("sp", "agent"), ("ip", "agent"))
+          for r in _differences(f"{a}-{b}", s[s["sharing"] == a].assign(sharing=f"{a}-{b}"), s[s["sharing"] == b],
+                                ["workflow", "scale", "task", "intervention", *rep])),
         *_differences("ma-sa", multi, single, ["scale", "task", "intervention", *rep]),
         *_differences("itv-none", s[s["intervention"] != "none"], s[s["intervention"] == "none"], same_cell),
     ]  # fmt: skip
@@ -219,7 +220,7 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
     if out.empty:
         return out
     out = _sort_cells(out)
-    out["_c"] = out["contrast"].map({"sp-ip": 0, "ma-sa": 1, "itv-none": 2})
+    out["_c"] = out["contrast"].map({"sp-ip": 0, "sp-agent": 1, "ip-agent": 2, "ma-sa": 3, "itv-none": 4})
     out = out.sort_values(["_c"], kind="stable").drop(columns=["_c"]).reset_index(drop=True)
     return out
 

@@ -21,7 +21,7 @@ from marlflow.core.workflow_spec import BUILTIN
 
 # The shipped workflows in their table order (marlflow.core.workflow_spec); others sort after them by name.
 WORKFLOW_ORDER = list(BUILTIN)
-SHARING_ORDER = ["sp", "ip"]
+SHARING_ORDER = ["sp", "ip", "agent"]
 SCALE_ORDER = ["toy", "smol", "0.6b", "1.7b", "4b"]
 TASK_ORDER = ["math", "code"]
 CLIFF_MARK = "†"

@@ -44,12 +44,14 @@ def check_groups(
     prompt_ids: Sequence[Sequence[int]] | None = None,
     group_size: int | None = None,
     workflow: str | None = None,
+    policies: Sequence[str] | None = None,
 ) -> None:
     """Raise GroupingError unless every GRPO group is one problem, one role and one task, and (when the
-    keyword arguments are given) holds at most one call per rollout in 0..G-1, exactly G for the workflow's
-    mandatory slots, and identical prompt token ids for its first-stage slots.
+    keyword arguments are given) one policy, at most one call per rollout in 0..G-1, exactly G for the
+    workflow's mandatory slots, and identical prompt token ids for its first-stage slots.
 
-    index: (N,) long group ids; problems, roles, tasks, slots: N strings; rollouts: N ints; prompt_ids: N
+    index: (N,) long group ids; problems, roles, tasks, slots, policies: N strings (policies: the adapter each
+    call is trained on, RunConfig.policy_of; a group's advantages are one policy's); rollouts: N ints; prompt_ids: N
     token id lists; group_size: G; workflow: a workflow name, whose spec (marlflow.core.workflow_spec) says
     which slots are mandatory (every episode has them) and first-stage (prompt from the problem alone).
     """
@@ -68,6 +70,9 @@ def check_groups(
                 )
         if slots is not None and len({slots[i] for i in idx}) > 1:
             raise GroupingError(f"GRPO group {g} mixes slots {sorted({slots[i] for i in idx})}")
+        if policies is not None and len({policies[i] for i in idx}) > 1:
+            raise GroupingError(f"GRPO group {g} mixes policies {sorted({policies[i] for i in idx})}: each "
+                                "call of a group must train the same adapter")  # fmt: skip
         slot = slots[idx[0]] if slots is not None else "?"
         if rollouts is not None:
             seen = [rollouts[i] for i in idx]

@@ -30,7 +30,7 @@ from marlflow.core.intervention_spec import check_intervention as _check_interve
 from marlflow.core.workflow_spec import spec_of, workflow_names
 
 # Workflows, their role types and everything else about them: marlflow.core.workflow_spec (one WorkflowSpec each).
-SHARINGS = ("sp", "ip")
+SHARINGS = ("sp", "ip", "agent")
 SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
 TASK_AXIS = ("math", "code")  # task kinds: matrix axis `task`, RunConfig.task_axis, marlflow.tasks Task.kind
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
@@ -488,7 +488,10 @@ class RunConfig:
         help="matrix axis workflow: a registered workflow (marlflow.core.workflow_spec).", axis="workflow"
     )
     sharing: str = _field(
-        help="matrix axis sharing: sp, one adapter shared by every role, or ip, one adapter per role type.",
+        help="matrix axis sharing: sp, one adapter shared by every role; ip, one adapter per role type; or agent, "
+        "one adapter per agent instance (each slot of the workflow's parallel role, generator0..N-1 or "
+        "worker0..N-1, gets its own; every other role keeps one). agent needs a workflow with a parallel role "
+        '(Voting, Orch-Workers): elsewhere it is ip (docs/reference.md, "Sharing units").',
         axis="sharing",
         enum=SHARINGS,
         training_only=True,
@@ -750,6 +753,11 @@ class RunConfig:
             f"workflow {self.workflow!r} has one role, so only sharing 'sp' applies; drop 'ip' for {self.workflow}",
         )
         _check(
+            not (self.sharing == "agent" and spec_of(self.workflow).parallel_role is None),
+            f"workflow {self.workflow!r} has no parallel role, so sharing 'agent' (one adapter per agent "
+            f"instance) would be 'ip' under another name; drop 'agent' for {self.workflow}",
+        )
+        _check(
             self.build == 0 or self.scale == "toy",
             f"build {self.build} applies to the toy model only (built from a seed); scale {self.scale!r} has a "
             "fixed model: set build 0",
@@ -794,8 +802,30 @@ class RunConfig:
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """Adapter names: one 'shared' adapter under SP, one per role type under IP."""
-        return ("shared",) if self.sharing == "sp" else self.role_types
+        """Adapter names: one 'shared' adapter under SP, one per role type under IP, one per agent instance under
+        agent (the workflow's agents, WorkflowSpec.agents: the parallel role's slots in place of the role)."""
+        if self.sharing == "sp":
+            return ("shared",)
+        if self.sharing == "ip":
+            return self.role_types
+        return spec_of(self.workflow).agents(self, self.task_axis)
+
+    def policy_members(self) -> dict[str, list[str]]:
+        """policy -> what it answers, in role_types order: role types, or under agent the parallel role's slots
+        ('generator1') as agents of their own (the model card's adapter table, `marlflow chat --agent`)."""
+        spec, out = spec_of(self.workflow), {p: [] for p in self.policies}
+        for agent in spec.agents(self, self.task_axis):
+            parallel = spec.parallel_role is not None and spec.is_parallel_slot(spec.parallel_role, agent)
+            role = spec.parallel_role if parallel else agent
+            out[self.policy_of(role, agent if parallel else None)].append(agent if parallel else role)
+        return {p: list(dict.fromkeys(ms)) for p, ms in out.items()}
+
+    def role_policies(self) -> dict[str, list[str]]:
+        """role type -> the policies that train its calls, in `policies` order (several only for the parallel
+        role under agent)."""
+        spec = spec_of(self.workflow)
+        return {r: [p for p, ms in self.policy_members().items()
+                    if any(m == r or spec.is_parallel_slot(r, m) for m in ms)] for r in self.role_types}  # fmt: skip
 
     @property
     def use_gradient_checkpointing(self) -> bool:
@@ -811,8 +841,21 @@ class RunConfig:
             self.vllm_sleep == "auto" and self.backend == "vllm" and self.device == "cuda"
         )
 
-    def policy_of(self, role: str) -> str:
-        return "shared" if self.sharing == "sp" else role
+    def policy_of(self, role: str, slot: str | None = None) -> str:
+        """The policy (adapter) that answers, and is trained on, the call of `role` in `slot`: the one function
+        that maps a call to its policy. SP: 'shared'; IP: the role; agent: the slot for a parallel slot
+        (generator1), else the role. `slot` may be left out except for the parallel role under agent."""
+        if self.sharing == "sp":
+            return "shared"
+        if self.sharing == "ip":
+            return role
+        spec = spec_of(self.workflow)
+        if role != spec.parallel_role:
+            return role
+        if slot is None or not spec.is_parallel_slot(role, slot):
+            raise ValueError(f"under sharing 'agent' each {role} slot has its own adapter: give the slot of the "
+                             f"{role} call ({spec.parallel_slots}), not {slot!r}")  # fmt: skip
+        return slot
 
     @property
     def factors(self) -> dict:

@@ -36,7 +36,9 @@ from marlflow.core.workflow_spec import specs as workflow_specs
 ENV_VAR = "MARLFLOW_INTERVENTIONS"
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 PARAM_TYPES = ("int", "float", "roles")
-# RunConfig.sharing's values (marlflow.core.config.SHARINGS; config imports this module, not the reverse).
+# The RunConfig.sharing values an intervention may run under (marlflow.core.config.SHARINGS but 'agent'; config
+# imports this module, not the reverse). Under 'agent' a role's calls are spread over several adapters, and no
+# intervention has been calibrated there, so check_intervention refuses every kind but none for it.
 SHARINGS = ("sp", "ip")
 _LOWER, _UPPER = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
 
@@ -307,7 +309,11 @@ def check_intervention(cfg, check: Callable[[bool, str], None]) -> dict:
           f"{where} has kind {kind!r}: the name 'none' is reserved for no intervention, and only for it")  # fmt: skip
     ks = known[kind]
     out = {"kind": kind, **_checked_params(where, ks, spec, check)}
-    check(cfg.sharing in ks.sharings,
+    check(kind == "none" or cfg.sharing != "agent",
+          f"{where} ({kind}) acts on role gradients within one adapter, and under sharing 'agent' the parallel "
+          "role's calls are spread over one adapter per agent, where no intervention is calibrated. Exclude it "
+          "for agent cells (presets.<name>.exclude)")  # fmt: skip
+    check(kind == "none" or cfg.sharing in ks.sharings,
           f"{where} ({kind}) {ks.sharing_note}. Exclude it for {cfg.sharing} cells (presets.<name>.exclude)")  # fmt: skip
     check(not (ks.validation_note and cfg.task.val_size < 1),
           f"{where} ({kind}) {ks.validation_note}, so it must select on validation problems, never the test "

@@ -195,6 +195,18 @@ class WorkflowSpec:
         """Is `slot` one of `role`'s parallel same-role slots?"""
         return role == self.parallel_role and re.fullmatch(self.parallel_slots, slot) is not None
 
+    def agents(self, cfg, kind: str) -> tuple[str, ...]:
+        """The workflow's agent instances, in role_types order: each role type once, except the parallel role,
+        which is its parallel slots in `stages` order (Voting: generator0..N-1, aggregator). Sharing 'agent'
+        gives each its own adapter (RunConfig.policies)."""
+        slots = [
+            c.slot for stage in self.stages(cfg, kind) for c in stage if self.is_parallel_slot(c.role, c.slot)
+        ]
+        out = []
+        for role in self.role_types:
+            out += list(dict.fromkeys(slots)) if role == self.parallel_role else [role]
+        return tuple(out)
+
     def is_first_stage(self, slot: str) -> bool:
         return re.fullmatch(self.first_stage, slot) is not None
 

@@ -121,7 +121,8 @@ AXES = {
     a.name: a
     for a in (
         Axis("workflow", "workflow", "the multi-agent workflow", "workflows", values=workflow_names),
-        Axis("sharing", "sharing", "one adapter for all roles (sp) or one per role type (ip)"),
+        Axis("sharing", "sharing", "one adapter for all roles (sp), one per role type (ip) or one per agent "
+             "instance (agent: each parallel slot its own)"),
         Axis("scale", "scale", "the model size", "scales", table="models",
              table_entry={"type": "string", "minLength": 1}),
         Axis("task", "task_axis", "the task kind: math or code", "tasks", table="tasks",
@@ -830,6 +831,8 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
         )
         if sh == "ip" and len(spec_of(wf).role_types) == 1:
             continue  # one role type (single), hence one policy: it only exists under sp
+        if sh == "agent" and spec_of(wf).parallel_role is None:
+            continue  # no parallel role (single, Eval-Opt): one agent per role type, which is ip
         if build and sc != "toy":
             _fail(
                 f"{name}: presets.{preset}.axes.build",
@@ -867,7 +870,8 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
     if not rows:
         _fail(
             f"{name}: presets.{preset}.axes",
-            "expands to no runs (single pairs with sp only); add sharing sp.",
+            "expands to no runs (single pairs with sp only, agent needs a workflow with a parallel role: voting, "
+            "orch_workers); add sharing sp, or such a workflow.",
         )
     twice = sorted(r for r, n in collections.Counter(r["run_id"] for r in rows).items() if n > 1)
     if twice:  # run_id leaves an axis out: two cells would train into one folder

@@ -52,6 +52,7 @@ import pandas as pd
 
 from marlflow.analysis import DEFINITIONS, load_runs
 from marlflow.analysis.io import read_samples
+from marlflow.analysis.paired import SHARING_CONTRASTS
 from marlflow.analysis.plots import (
     ITV_SMOOTH,
     plot_curves,
@@ -320,7 +321,10 @@ def contrasts_html(con: pd.DataFrame, kind: str) -> str:
     for key, g in cell_order(c).groupby(CELL, sort=False, dropna=False):
         rec = dict(zip(CELL, key))
         by = {r["stat"]: r for r in g.to_dict("records")}
-        row = {"cell": cell_label(rec, sharing=kind != "sp-ip"), "seed pairs": int(g["n_pairs"].max())}
+        row = {
+            "cell": cell_label(rec, sharing=kind not in SHARING_CONTRASTS),
+            "seed pairs": int(g["n_pairs"].max()),
+        }
         for st in stats:
             r = by.get(st)
             row[st] = "" if r is None else ci_html(r["mean"], r["lo"], r["hi"], signed=True, na=not single)
@@ -400,6 +404,18 @@ def contrasts_section(
         contrasts_html(con, "sp-ip"),
         "<h3 id='per_problem'>SP - IP per problem</h3>",
         *per_problem_html(pairs, "sp-ip"),
+        *(
+            part
+            for kind in ("sp-agent", "ip-agent")
+            if (con["contrast"] == kind).any()
+            for part in (
+                f"<h3>{kind.split('-')[0].upper()} - AS (one adapter per agent)</h3>",
+                f"<p class='note'>{kind.split('-')[0].upper()} minus AS for runs of the same cell and seed; AS trains "
+                "one adapter per agent instance (each voter or worker its own). From contrasts.csv.</p>",
+                contrasts_html(con, kind),
+                *per_problem_html(pairs, kind),
+            )
+        ),
         "<h3>Multi-agent - single-agent (MA - SA)</h3>",
         "<p class='note'>Each workflow minus the single-agent baseline of the same scale, task and seed.</p>",
         contrasts_html(con, "ma-sa"),

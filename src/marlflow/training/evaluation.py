@@ -136,7 +136,7 @@ def episodes(
     the episodes back in the problems' order, so the rows computed from them are the 1-rank rows (a single
     process: its own rollout of every problem)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    route = (lambda role, first=cfg.policies[0]: first) if base else None
+    route = (lambda role, slot, first=cfg.policies[0]: first) if base else None
     mine = distributed.shard(problems, distributed.rank(), distributed.world())
     out = []
     if mine:  # fewer problems than ranks leaves a rank none: it only takes part in the gather

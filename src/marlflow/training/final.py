@@ -73,7 +73,7 @@ def model_card(
     lines = ["---", *hub, "library_name: peft", "pipeline_tag: text-generation",
              "tags:", "- marlflow", "- grpo", "- lora", "- multi-agent", f"- {cfg.workflow}", "---", ""]  # fmt: skip
     title = f"marlflow run `{cfg.run_id}`" + (f", adapter `{policy}`" if policy else "")
-    roles_of = {p: [r for r in cfg.role_types if cfg.policy_of(r) == p] for p in cfg.policies}
+    roles_of = cfg.policy_members()
     lines += [
         f"# {title}",
         "",
@@ -88,6 +88,8 @@ def model_card(
             "one adapter, `shared`, trained by every role |"
             if cfg.sharing == "sp"
             else "one adapter per role type |"
+            if cfg.sharing == "ip"
+            else f"one adapter per agent instance (each {spec_of(cfg.workflow).parallel_role} its own) |"
         ),
         f"| task | {cfg.task.name} ({cfg.task_axis}), {cfg.task.eval_size} held-out problems per evaluation |",
         f"| scale / seed / preset | {cfg.scale} / {cfg.seed} / {cfg.preset} |",
@@ -98,7 +100,7 @@ def model_card(
         "",
         "## Adapters and roles",
         "",
-        "| adapter folder | roles |",
+        "| adapter folder | roles (agents) |",
         "|---|---|",
         *[f"| `{p}/` | {', '.join(rs)} |" for p, rs in roles_of.items()],
         "",
@@ -110,7 +112,9 @@ def model_card(
     ]
     for role, texts in role_prompts(cfg).items():
         for text in texts:
-            lines += [f"**{role}** (adapter `{cfg.policy_of(role)}`):", "", "```text", text, "```", ""]
+            adapters = cfg.role_policies()[role]
+            lines += [f"**{role}** (adapter{'s' if len(adapters) > 1 else ''} "
+                      f"{', '.join(f'`{a}`' for a in adapters)}):", "", "```text", text, "```", ""]  # fmt: skip
     lines += ["## Evaluation curve", ""]
     if metrics is not None and len(metrics):
         # the task's own metrics of its solutions (toy tasks: careless_share), marlflow.tasks.solution_metrics
@@ -135,7 +139,13 @@ def model_card(
         f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")',
         "```",
         "",
-        f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}`, and "
+        f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}"
+        + (
+            f" --agent {roles_of[cfg.policies[0]][0]}"
+            if cfg.sharing == "agent" and spec_of(cfg.workflow).parallel_role == cfg.role_types[0]
+            else ""
+        )
+        + "`, and "
         f"`marlflow eval --run results/runs/{cfg.run_id} --task <task>` for another task.",
         "",
     ]

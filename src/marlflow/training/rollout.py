@@ -44,7 +44,7 @@ def rollout_seed(seed: int, step: int) -> int:
 def context(cfg, task, backend, encoder, temperature: float, timer=None, seed=None, policy_of=None,
             purpose: str = "train"):  # fmt: skip
     """A workflows.Context for one rollout: the run's sampling settings at `temperature`; timer: a dict that
-    collects generate / score seconds; policy_of: role -> policy override (None: cfg.policy_of); purpose:
+    collects generate / score seconds; policy_of: (role, slot) -> policy override (None: cfg.policy_of); purpose:
     "train", "eval" or "val", part of each call's key under cfg.sampling_seeds "per_call"."""
     g = cfg.grpo
     sampling = Sampling(temperature, g.top_p, g.max_completion_length, seed,
@@ -76,7 +76,7 @@ class Batch:
 
 def flatten(cfg, episodes: list) -> Batch:
     """Episodes -> their role calls with GRPO advantages within (problem, slot) groups; check_groups() asserts
-    that no group mixes problems, roles, tasks or prompts and that each has grpo.group_size calls."""
+    that no group mixes problems, roles, tasks, policies or prompts and that each has grpo.group_size calls."""
     calls, keys, rewards = [], [], []
     for e in episodes:
         for c in e.calls:
@@ -94,6 +94,7 @@ def flatten(cfg, episodes: list) -> Batch:
         prompt_ids=[c.prompt_ids for c in calls],
         group_size=cfg.grpo.group_size,
         workflow=cfg.workflow,
+        policies=[cfg.policy_of(c.role, c.slot) for c in calls],
     )
     r = torch.tensor(rewards, dtype=torch.float32)
     adv, std = algos.group_advantages(r, index)

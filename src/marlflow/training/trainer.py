@@ -10,12 +10,13 @@ reads top to bottom. The step is split in three modules; this one holds the loop
                          episodes  = workflows.rollout(problems x G)   # one generate per policy per stage
                          calls     = every role call, reward = the episode's final outcome (paper default)
                          adv       = GRPO advantages within (problem, slot) groups (check_groups: none mixed)
-    marlflow.training.update      for policy in policies:           # SP: "shared"; IP: one adapter per role type
+    marlflow.training.update      for policy in policies:           # SP: "shared"; IP: one per role type; agent: one per agent
                              policy_backward: for role, slot, chunk: loss = TRL _compute_loss(chunk) * weight;
                                  backward; g_r = the gradient the role added (sum of its slots' parts)
                              [data-parallel hook: all-reduce the PolicyGrad here; see update.PolicyGrad]
                              finish_policy: role metrics; intervention hook g = sum_r scale_r * g_r
                                  (marlflow.interventions.role_scales; KL acts on the loss)
+                         role_view (agent): a role on several adapters measured on their direct sum
                          apply_step: clip each policy's gradient; step its own AdamW and scheduler
     marlflow.training.evaluation  evaluate every eval_every steps (the same function as `marlflow eval`), in chunks of
                          run.eval_chunk_problems problems with a stop check before each (0: one chunk)
@@ -147,6 +148,10 @@ class MultiAgentGRPOTrainer:
         if hasattr(task, "warm_up"):  # code tasks: start (and check) the sandbox before the step-0 eval
             task.warm_up()
         self.policies = {p: _policy_state(self.model, p, cfg.grpo) for p in cfg.policies}
+        # role -> [(policy, its parameter count)] for a role that several policies train (sharing agent's
+        # parallel role): its metrics are measured on their direct sum (marlflow.training.update.role_view)
+        self.role_layout = {r: [(p, sum(t.numel() for t in self.policies[p].params)) for p in ps]
+                            for r, ps in cfg.role_policies().items() if len(ps) > 1}  # fmt: skip
         self.step = 0
         self.nan_streak = 0
         self.metric_rows: list[dict] = []
@@ -220,6 +225,9 @@ class MultiAgentGRPOTrainer:
         self.backend.before_update()  # vLLM sleeps (weights to CPU, KV dropped) until the next generate
         stats: dict[str, dict] = defaultdict(dict)
         finite, norms, done = True, {}, []
+        joined = (
+            self.cfg.sharing == "agent"
+        )  # a role on several policies: its stats join them (upd.role_view)
         # Data parallel (issue 27): `calls` are this rank's; the loss normalisers count every rank's, and each
         # policy's gradient is summed over the ranks before any metric, the intervention or clipping reads it
         # (marlflow.training.update.reduce_policy_grad). One process: the counts are its own and the reduce is the identity.
@@ -233,7 +241,7 @@ class MultiAgentGRPOTrainer:
                 pg = upd.reduce_policy_grad(pg, policy, params)
             if pg is None:
                 continue
-            norms[policy] = upd.finish_policy(pg, self.cfg, self.itv, stats, metrics)
+            norms[policy] = upd.finish_policy(pg, self.cfg, self.itv, stats, metrics, keep=joined)
             finite = pg.finite and math.isfinite(norms[policy])
             done.append(pg)
             for role in pg.roles:
@@ -244,7 +252,13 @@ class MultiAgentGRPOTrainer:
             for st in self.policies.values():
                 st.optimizer.zero_grad(set_to_none=True)
             return stats
-        upd.apply_step(self, done, norms, stats, metrics)
+        view = None
+        if joined:
+            view = upd.role_view(done, counts, self.cfg.grpo.loss_type, self.role_layout)
+            for role in self.role_layout:
+                if role in view:
+                    stats[role] = upd.joined_stats(role, view[role], done, metrics)
+        upd.apply_step(self, done, norms, stats, metrics, roles=view)
         self.backend.on_update()
         return stats
 

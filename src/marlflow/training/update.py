@@ -162,12 +162,89 @@ def clipped_contributions(
 ) -> dict[str, tuple[float, float]]:
     """role -> (clip_coef of its policy, grad_contrib_post = clip_coef * scale * pre): what clipping each
     policy's gradient (norms: policy -> its norm after the intervention) leaves of each role's contribution
-    (pre: role -> ||g_r||; scales: role -> the intervention's factor, 1 when absent)."""
-    out = {}
+    (pre: role -> ||g_r||, or (policy, role) -> the part of g_r on that policy; scales: role -> the
+    intervention's factor, 1 when absent). A role on several policies (sharing 'agent') has parts on disjoint
+    parameters: its grad_contrib_post is the norm of its clipped parts, sqrt(sum_k (c_k scale ||g_k||)^2), and
+    its clip_coef the ratio of that to its unclipped norm (its policies' common coefficient when they agree)."""
+    parts: dict[str, list[tuple[float, float]]] = {}
     for policy, norm in norms.items():
         c = algos.clip_coef(norm, max_norm)
         for role in roles_of[policy]:
-            out[role] = (c, c * scales.get(role, 1.0) * pre[role])
+            parts.setdefault(role, []).append((c, pre.get((policy, role), pre.get(role))))
+    out = {}
+    for role, ps in parts.items():
+        s = scales.get(role, 1.0)
+        if len(ps) == 1:
+            out[role] = (ps[0][0], ps[0][0] * s * ps[0][1])
+            continue
+        post = math.sqrt(sum((c * s * p) ** 2 for c, p in ps))
+        whole = math.sqrt(sum(p * p for _, p in ps))
+        out[role] = (post / (s * whole) if whole > 0 else min(c for c, _ in ps), post)
+    return out
+
+
+def role_view(
+    done: list[PolicyGrad], counts: dict[str, dict], loss_type: str, layout: dict[str, list[tuple[str, int]]]
+) -> dict[str, RoleGrad]:
+    """role -> one RoleGrad over every policy that trains it, in first-seen order: the policy's own RoleGrad
+    for a role that one policy holds (SP, IP, and every role but the parallel one under sharing 'agent').
+
+    layout: role -> [(policy, P_k), ...] for each role that several policies hold (under 'agent' the parallel
+    role, one adapter per slot, P_k its parameters). Such a role is joined on the direct sum of those adapters,
+    (P,) with P = sum P_k, always all of them (a policy without calls this step is a zero part, so the space
+    is the same at every step): g is the parts' g concatenated in layout order, each slot gradient is
+    zero-padded into that space (slots on different adapters are orthogonal there, so slot_cos is 0 and
+    slot_amplification 1: nothing piles up in shared parameters), calls, live, losses and sums add, and f is
+    set so that ||g|| / f is the norm of the role's own mean-loss gradient, cat_k(w_k g_k / f_k) with
+    w_k = algos.own_scale(loss_type, part k's calls and tokens of the role's). counts: the step's
+    `policy_counts` (all ranks)."""
+    by_policy = {pg.policy: pg for pg in done}
+    out = {rg.role: rg for pg in done for rg in pg.roles.values() if rg.role not in layout}
+    for role, parts in layout.items():
+        ps = [(p, size, by_policy[p].roles.get(role) if p in by_policy else None) for p, size in parts]
+        if all(rg is None for *_, rg in ps):
+            continue
+        nt = [counts.get(p, {"roles": {}})["roles"].get(role, [0, 0]) for p, *_ in ps]  # [calls, tokens]
+        n_r, tok_r = sum(n for n, _ in nt), sum(t for _, t in nt)
+        device = next(rg.g for *_, rg in ps if rg is not None).device
+        gs = [rg.g if rg is not None else torch.zeros(size, device=device) for _, size, rg in ps]
+        g = torch.cat(gs)
+        w = [algos.own_scale(loss_type, n, n_r, t, tok_r) for n, t in nt]
+        own = torch.cat([wk * gk / (rg.f if rg is not None and rg.f > 0 else 1.0)
+                         for wk, gk, (*_, rg) in zip(w, gs, ps)])  # fmt: skip
+        norm_own, norm_g = own.norm().item(), g.norm().item()
+        live = [rg for *_, rg in ps if rg is not None]
+        merged = RoleGrad(role, _union(rg.slots for rg in live), sum(rg.calls for rg in live),
+                          sum(rg.live for rg in live), norm_g / norm_own if norm_own > 0 else 1.0, g=g)  # fmt: skip
+        start = 0
+        for _, size, rg in ps:
+            for slot, sg in zip(rg.grad_slots if rg else [], rg.slot_grads if rg else []):
+                padded = torch.zeros_like(g)
+                padded[start : start + size] = sg
+                merged.slot_grads.append(padded)
+                merged.grad_slots.append(slot)
+            start += size
+        for rg in live:
+            merged.loss += rg.loss
+            merged.entropy += rg.entropy
+            merged.clip += rg.clip
+            merged.kl += rg.kl
+            merged.gap, merged.gap_n = merged.gap + rg.gap, merged.gap_n + rg.gap_n
+        out[role] = merged
+    return out
+
+
+def joined_stats(role: str, rg: RoleGrad, done: list[PolicyGrad], metrics: bool) -> dict:
+    """A role's metrics from its `role_view` RoleGrad when several policies hold it (sharing 'agent'):
+    role_stats, and on metric steps proj_share / cos_others against the summed gradient of the joined
+    policies that ran (a policy without calls adds zeros to both)."""
+    out = role_stats(rg)
+    if metrics:
+        held = [pg for pg in done if role in pg.roles]
+        raw, g = torch.cat([pg.raw for pg in held]), torch.cat([pg.roles[role].g for pg in held])
+        rest = raw - g
+        grads = {role: g, **({"": rest} if rest.norm().item() > 0 else {})}
+        out.update(sharing_stats(grads, raw)[role])
     return out
 
 
@@ -179,7 +256,7 @@ def policy_counts(cfg, calls) -> dict[str, dict]:
     role order): what the loss normalisers and each role's f are computed from."""
     out: dict[str, dict] = {}
     for c in calls:
-        d = out.setdefault(cfg.policy_of(c.role), {"n": 0, "tok": 0, "roles": {}})
+        d = out.setdefault(cfg.policy_of(c.role, c.slot), {"n": 0, "tok": 0, "roles": {}})
         r = d["roles"].setdefault(c.role, [0, 0])
         d["n"], d["tok"] = d["n"] + 1, d["tok"] + len(c.completion_ids)
         r[0], r[1] = r[0] + 1, r[1] + len(c.completion_ids)
@@ -293,7 +370,7 @@ def policy_backward(engine, cfg, policy: str, params: list, calls, adv: torch.Te
     metrics: also measure each slot's gradient (one flat gradient per slot instead of per role).
     counts: the policy's entry of the step's global `policy_counts` (data parallel: summed over the ranks), which
     the loss normalisers and each role's f use; None: counted from `calls`."""
-    idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role) == policy]
+    idx = [i for i, c in enumerate(calls) if cfg.policy_of(c.role, c.slot) == policy]
     if not idx:
         return None
     engine.model.set_adapter(policy)  # PEFT: only the active adapter requires grad
@@ -363,14 +440,15 @@ def _role_backward(engine, cfg, role, ridx, calls, adv, params, prev, n_pol, tok
 # ------------------------------------------------------------------ after the (reduced) gradient is known
 
 
-def finish_policy(pg: PolicyGrad, cfg, itv, stats: dict, metrics: bool) -> float:
+def finish_policy(pg: PolicyGrad, cfg, itv, stats: dict, metrics: bool, keep: bool = False) -> float:
     """Role metrics into `stats` (role -> dict), then the intervention hook, then the policy's norm; returns it.
 
     itv: the run's intervention (marlflow.interventions.Intervention). Its hook `role_scales` (the KL
     intervention acts on the loss instead) runs after every role's backward and before clipping, on a finite
     gradient: the per-role factors replace the policy's .grad by `combine(g_r, scales)` where any factor is
     not 1 (None, kind none: nothing is scaled or logged); its state is read only (apply_step commits it). The
-    metrics describe the raw role gradients; itv_scale says what the intervention did."""
+    metrics describe the raw role gradients; itv_scale says what the intervention did. keep: keep every role's
+    g and slot gradients for `role_view` (sharing 'agent', where a role's stats join several policies)."""
     for role, rg in pg.roles.items():
         stats[role].update(role_stats(rg))
     grads = {r: rg.g for r, rg in pg.roles.items()}
@@ -388,20 +466,30 @@ def finish_policy(pg: PolicyGrad, cfg, itv, stats: dict, metrics: bool) -> float
         for role, v in sharing_stats(grads, pg.raw).items():
             stats[role].update(v)
     for rg in pg.roles.values():  # free what apply_step does not read: one policy's slot gradients at a time
+        if keep:
+            continue
         rg.slot_grads = []
         if not (metrics or itv.keeps_grads):
             rg.g = None
     return norm
 
 
-def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: dict, metrics: bool) -> None:
+def apply_step(
+    trainer,
+    done: list[PolicyGrad],
+    norms: dict[str, float],
+    stats: dict,
+    metrics: bool,
+    roles: dict[str, RoleGrad] | None = None,
+) -> None:
     """After every policy's finite gradient: each role's gradient EMA (metric steps: ema_cos), the
     intervention's commit, then per policy clip to grpo.max_grad_norm, AdamW step and scheduler step; the
     roles' clip_coef, grad_contrib_post and grad_share (their shares of the applied, clipped update), and the
     workflow's loss, grad_norm and lr under "all". trainer: grad_ema, itv, and policies (policy -> its
-    PolicyState: params, optimizer, scheduler; marlflow.training.trainer)."""
+    PolicyState: params, optimizer, scheduler; marlflow.training.trainer). roles: the step's `role_view` (None:
+    each policy's own roles, which is the view unless a role spans several policies)."""
     cfg, g = trainer.cfg, trainer.cfg.grpo
-    roles = [rg for pg in done for rg in pg.roles.values()]
+    roles = list((roles or {rg.role: rg for pg in done for rg in pg.roles.values()}).values())
     if metrics:
         for rg in roles:  # coherence: the role's own-loss gradient against its history
             if rg.f > 0:
@@ -413,12 +501,13 @@ def apply_step(trainer, done: list[PolicyGrad], norms: dict[str, float], stats: 
                 finite_stats(stats[rg.role], ema_cos=cos)
     trainer.itv.commit({rg.role: rg.g for rg in roles}, {rg.role: rg.f for rg in roles})
     roles_of = {pg.policy: list(pg.roles) for pg in done}
-    pre = {r: stats[r]["grad_contrib_pre"] for rs in roles_of.values() for r in rs}
-    scales = {r: stats[r]["itv_scale"] for r in pre if "itv_scale" in stats[r]}
+    pre = {(pg.policy, r): rg.g.norm().item() if rg.g is not None else stats[r]["grad_contrib_pre"]
+           for pg in done for r, rg in pg.roles.items()}  # fmt: skip
+    scales = {r: stats[r]["itv_scale"] for rs in roles_of.values() for r in rs if "itv_scale" in stats[r]}
     post = clipped_contributions(norms, roles_of, pre, scales, g.max_grad_norm)
+    for role, (coef, contrib) in post.items():
+        stats[role].update(clip_coef=coef, grad_contrib_post=contrib)
     for policy in norms:
-        for role in roles_of[policy]:
-            stats[role].update(clip_coef=post[role][0], grad_contrib_post=post[role][1])
         st = trainer.policies[policy]
         torch.nn.utils.clip_grad_norm_(st.params, g.max_grad_norm)
         st.optimizer.step()

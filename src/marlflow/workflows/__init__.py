@@ -66,7 +66,7 @@ class Context:
     def __init__(self, cfg, kind: str, backend, encoder, sampling: Sampling, timer: dict | None = None,
                  policy_of=None):  # fmt: skip
         self.cfg = cfg
-        # role -> policy whose adapter answers it; the step-0 evaluation routes every role to one policy
+        # (role, slot) -> policy whose adapter answers it; the step-0 evaluation routes every call to one policy
         self.policy_of = policy_of or cfg.policy_of
         self.kind = kind
         self.backend = backend
@@ -92,7 +92,7 @@ class Context:
         for episode, call in pending:
             episode.calls.append(call)
             call.prompt_ids = self.encoder(call.messages)
-            by_policy[self.policy_of(call.role)].append((episode, call))
+            by_policy[self.policy_of(call.role, call.slot)].append((episode, call))
         seed, purpose = self.sampling.seed, self.sampling.purpose
         if self.sampling.per_call and seed is None:
             raise ValueError("per-call sampling needs the rollout's seed (Sampling.seed): set it, as "

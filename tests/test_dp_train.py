@@ -187,6 +187,16 @@ CELLS = {
 
 
 @pytest.mark.slow
+def test_per_agent_two_ranks_train_like_one(tmp_path):
+    """Sharing agent (one adapter per voter and per worker): 1 process and 2 ranks train the same run."""
+    cells = [("voting", "agent"), ("orch_workers", "agent")]
+    one, two = _train_both(cells, tmp_path)
+    for cell in cells:
+        rid = _cfg(cell[0], cell[1], 1).run_id
+        compare_runs(one / rid, two / rid)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("cells", list(CELLS.values()), ids=list(CELLS))
 def test_two_ranks_train_like_one(cells, tmp_path):
     """3 steps of each cell with 1 process and with 2 ranks (each rank rolls out 1 of the step's 2 problems and

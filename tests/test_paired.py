@@ -119,6 +119,28 @@ def test_paired_table_finds_a_built_in_difference_and_not_a_null_one():
     assert got.loc[("heldout", "voting"), "ci_level"] == pytest.approx(1 - 0.05 / 3)
 
 
+def test_per_agent_contrasts_pair_agent_runs_with_sp_and_ip():
+    """sp-agent and ip-agent: the AS run of a cell against its SP and IP runs of the same seed, problem by
+    problem; a built-in AS gain is found against both, and sp-ip (equal arms) shows none. The three
+    contrasts' primary rows share one Bonferroni correction."""
+    rng = np.random.default_rng(3)
+    rows, runs = [], {}
+    easy = rng.random(200)
+    for seed in range(6):
+        base = rng.random(200) < easy
+        arms = {"sp": base, "ip": rng.random(200) < easy, "agent": base | (rng.random(200) < 0.3)}
+        for sh, correct in arms.items():
+            rows += _outcomes(f"voting-{sh}-s{seed}", "voting", sh, seed, {0: base, 10: correct})
+            runs[f"voting-{sh}-s{seed}"] = 10
+    pairs = paired_contrasts(outcomes_frame(rows), _summary(runs))
+    got = pairs[pairs["workflow"] == "voting"].set_index(["contrast", "at"])
+    assert got.loc[("sp-agent", "heldout"), "verdict"] == "agent higher"
+    assert got.loc[("ip-agent", "heldout"), "verdict"] == "agent higher"
+    assert got.loc[("sp-ip", "heldout"), "verdict"] == "no difference shown"
+    assert (got.loc[("sp-agent", "heldout"), "a"], got.loc[("sp-agent", "heldout"), "b"]) == ("sp", "agent")
+    assert got.loc[("sp-agent", "heldout"), "ci_level"] == pytest.approx(1 - 0.05 / 6)  # 3 contrasts x 2 rows
+
+
 def test_paired_cliff_fires_on_lost_problems_and_not_on_noise():
     rng = np.random.default_rng(2)
     peak = rng.random(200) < 0.6

@@ -435,3 +435,51 @@ def test_profile_signal_leads_cover_the_planner(capsys):
     for scale, r in yaml.safe_load(capsys.readouterr().out).items():
         assert signal_for(f"eval_opt-ip-{scale}-math-s0") >= r["signal_lead_s"], scale
     assert signal_for("voting-ip-toy-math-s0") == signal_for("single-sp-smol-code-s0") == 900
+
+
+def _per_agent_cfgs(workflow: str) -> dict[str, RunConfig]:
+    """The paper preset's 0.6B math cell of `workflow` under ip and under agent (the --only override)."""
+    import json
+
+    over = {"workflow": [workflow], "sharing": ["ip", "agent"], "scale": ["0.6b"], "task": ["math"]}
+    sheet = run_sheet(ROOT / "matrix.yaml", "paper", over)
+    return {sh: RunConfig.from_dict(json.loads(sheet.loc[f"{workflow}-{sh}-0.6b-math-s0", "config"]))
+            for sh in ("ip", "agent")}  # fmt: skip
+
+
+@pytest.mark.parametrize("workflow", ["voting", "orch_workers"])
+def test_plan_per_agent_counts_one_adapter_per_agent(workflow):
+    """Sharing agent: one adapter with its AdamW state per agent instance (the parallel role's n slots instead
+    of one role adapter: n - 1 more than IP), every call routed by its slot, and the joined gradient view."""
+    cfgs = _per_agent_cfgs(workflow)
+    ip, agent = cfgs["ip"], cfgs["agent"]
+    n = agent.n_votes if workflow == "voting" else agent.n_workers
+    assert len(agent.policies) == len(ip.policies) + n - 1
+    shape = plan.model_shape(agent.model, agent.scale)
+    # one adapter's fp32 weights, gradient and AdamW moments, as the planner sizes it
+    per_adapter = 16 * shape.lora_params(agent.grpo.lora_r, agent.grpo.lora_targets)
+    a, i = plan.adapter_bytes(agent, shape), plan.adapter_bytes(ip, shape)
+    assert a["state"] - i["state"] == (n - 1) * per_adapter
+    assert a["state"] == per_adapter * len(agent.policies)
+    # Every policy's metric gradients are kept to the step's end, and the parallel role's view joins n adapters.
+    assert a["grads"] > i["grads"] and a["view"] > 0 == i["view"]
+    pa, pi = plan.plan_run(agent), plan.plan_run(ip)
+    assert pa.sharing == "agent" and pa.fits
+    assert pa.memory["adapters"] - pi.memory["adapters"] >= (n - 1) * per_adapter / plan.GB
+    assert pa.peak_gb > pi.peak_gb
+    assert pa.tokens == pi.tokens  # the same calls; only who trains them differs
+    assert pa.signal_lead_s >= pi.signal_lead_s  # the checkpoint writes every adapter
+
+
+def test_plan_per_agent_cells_from_the_cli(capsys):
+    """`marlflow plan --only sharing=agent` plans a preset's agent cells; a workflow without a parallel role
+    has none (an error, exit 2)."""
+    args = ["--preset", "paper", "--only", "sharing=agent", "workflow=voting,orch_workers", "scale=0.6b",
+            "task=math", "--format", "csv"]  # fmt: skip
+    from io import StringIO
+
+    assert plan_cli.main(args) == 0
+    rows = pd.read_csv(StringIO(capsys.readouterr().out))
+    assert sorted(rows["run_id"]) == ["orch_workers-agent-0.6b-math-s0", "voting-agent-0.6b-math-s0"]
+    assert plan_cli.main(["--preset", "paper", "--only", "sharing=agent", "workflow=eval_opt"]) == 2
+    assert "no runs" in capsys.readouterr().err

@@ -106,6 +106,23 @@ def test_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path, workflow, 
 
 
 @pytest.mark.slow
+def test_per_agent_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path):
+    """Sharing agent on Orch-Workers (orchestrator, worker0..2, synthesizer: five adapters and optimizers, the
+    later workers trained only in the steps whose orchestrator gave that many strategies): killed after a
+    checkpoint, resumed, bit-identical to the uninterrupted run."""
+    cfg = make_cfg("orch_workers", "agent", task="parity", steps=4, save_every=1, eval_every=2)
+    a, _ = kill_and_resume(cfg, tmp_path)
+    assert {Path(f).parent.name for f in a} == {
+        "orchestrator",
+        "worker0",
+        "worker1",
+        "worker2",
+        "synthesizer",
+    }
+    assert any(v.abs().sum() > 0 for f in a for k, v in a[f].items() if "lora_B" in k)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,sharing,stops",
     [

@@ -100,6 +100,20 @@ def test_contrasts_paired_by_seed():
     assert not (con["workflow"] == "single").any()
 
 
+def test_per_agent_contrasts_paired_by_seed():
+    """sp-agent and ip-agent: SP and IP runs minus the AS run of the same cell and seed; no AS run, no row."""
+    recs = summary(3)
+    agent = recs[(recs["workflow"] == "voting") & (recs["sharing"] == "ip")].copy()
+    agent["sharing"], agent["peak_heldout"] = "agent", agent["peak_heldout"] + 0.05
+    con = contrasts(pd.concat([recs, agent], ignore_index=True))
+    ph = con[con["stat"] == "peak_heldout"].set_index(["contrast", "workflow"])
+    assert ph.loc[("sp-agent", "voting"), "mean"] == pytest.approx(-0.15)
+    assert ph.loc[("ip-agent", "voting"), "mean"] == pytest.approx(-0.05)
+    assert ph.loc[("ip-agent", "voting"), "n_pairs"] == 3
+    assert not ((con["contrast"] == "sp-agent") & (con["workflow"] != "voting")).any()
+    assert list(dict.fromkeys(con["contrast"])) == ["sp-ip", "sp-agent", "ip-agent", "ma-sa"]
+
+
 def test_intervention_minus_none_paired_by_seed():
     """itv-none: each intervention's run minus the none run of the same cell and seed; cells without a none
     run (or none itself) give no pair."""

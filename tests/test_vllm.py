@@ -92,6 +92,24 @@ def test_vllm_serves_the_updated_adapter_of_each_policy(smol, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_per_agent_vllm_serves_one_lora_per_agent(smol, tmp_path):
+    """Sharing agent: the engine holds a LoRA slot per agent, each agent's requests carry its own LoRA id and
+    folder, and after real updates each voter's samples come from its own adapter, not the other voter's."""
+    r = _probe("agents", "--model", str(smol), "--out", str(tmp_path / "r.json"))
+    print(json.dumps(r, indent=1))
+    assert r["policies"] == ["generator0", "generator1", "aggregator"]
+    assert r["max_loras"] == 3
+    assert len(set(r["lora_ids"].values())) == 3 and len(set(r["lora_paths"].values())) == 3
+    for policy in r["policies"]:
+        assert r[policy]["tokens"] > 0 and r[policy]["new"] < TOL, (policy, r[policy])
+    for voter in ("generator0", "generator1"):
+        assert r[voter]["other_agent"] > TOL, f"{voter}: vLLM served the other voter's adapter ({r[voter]})"
+    for step in r["logp_gap_metric"]:
+        assert set(step) == {"generator", "aggregator"} and all(0 <= v < TOL for v in step.values()), step
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_first_rollout_after_sigkill_and_resume_uses_the_restored_adapters(smol, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-W", "ignore", str(PROBE), "checkpoint", "--model", str(smol), "--run",

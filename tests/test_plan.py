@@ -483,3 +483,78 @@ def test_plan_per_agent_cells_from_the_cli(capsys):
     assert sorted(rows["run_id"]) == ["orch_workers-agent-0.6b-math-s0", "voting-agent-0.6b-math-s0"]
     assert plan_cli.main(["--preset", "paper", "--only", "sharing=agent", "workflow=eval_opt"]) == 2
     assert "no runs" in capsys.readouterr().err
+
+
+def _full_ft_cfg(workflow: str, sharing: str, scale: str, task: str = "math") -> RunConfig:
+    """The paper preset's cell, turned into full fine-tuning (adapter full on the hf backend), as
+    `marlflow plan --run adapter=full backend=hf` does."""
+    import json
+
+    over = {"workflow": [workflow], "sharing": [sharing], "scale": [scale], "task": [task]}
+    sheet = run_sheet(ROOT / "matrix.yaml", "paper", over)
+    d = json.loads(sheet.loc[f"{workflow}-{sharing}-{scale}-{task}-s0", "config"])
+    return RunConfig.from_dict({**d, "adapter": "full", "backend": "hf"})
+
+
+def test_plan_full_ft_sizes_a_whole_model_per_policy():
+    """adapter full: each policy's state is 16 bytes (fp32 weights, gradients, AdamW's two moments) per model
+    parameter, the metric flats are whole-model flats, the frozen base stays in bf16, the all-reduce and the
+    checkpoint carry the whole model; the cell fits 80 GB exactly when its predicted peak is within 90%."""
+    full = _full_ft_cfg("voting", "ip", "0.6b")
+    lora = RunConfig.from_dict({**full.to_dict(), "adapter": "lora"})
+    shape = plan.model_shape(full.model, full.scale)
+    n = len(full.policies)
+    assert n == 2 and plan.trainable_params(full, shape) == shape.params
+    a, a_lora = plan.adapter_bytes(full, shape), plan.adapter_bytes(lora, shape)
+    assert a["state"] == 16 * shape.params * n
+    lp = shape.lora_params(lora.grpo.lora_r, lora.grpo.lora_targets)
+    assert a["grads"] * lp == a_lora["grads"] * shape.params  # the same flats, of the whole model
+    p, p_lora = plan.plan_run(full), plan.plan_run(lora)
+    assert p.adapter == "full" and p_lora.adapter == "lora"
+    assert p.memory["weights"] == p_lora.memory["weights"] == shape.params * 2 / plan.GB  # the frozen base
+    assert p.memory["adapters"] == pytest.approx((a["state"] + a["grads"]) / plan.GB)
+    assert p.fits == (p.peak_gb <= 0.9 * 80) and p.peak_gb > p_lora.peak_gb
+    gpu = plan.GPUS["h100-80gb"]
+    assert plan.allreduce_seconds(full, plan.trainable_params(full, shape), 4, gpu) > plan.allreduce_seconds(
+        lora, lp, 4, gpu
+    )
+    assert p.signal_lead_s >= p_lora.signal_lead_s
+    assert plan.refusal(full, 80) is None if p.fits else "adapter: lora" in plan.refusal(full, 80)
+
+
+def test_plan_full_ft_refuses_a_cell_that_cannot_fit_and_names_adapter_lora():
+    """4B Orch-Workers per agent under full fine-tuning: five whole fp32 models with AdamW cannot fit 80 GB; the
+    refusal gives the GB per policy and names adapter: lora, sharing: sp and a smaller scale."""
+    cfg = _full_ft_cfg("orch_workers", "agent", "4b")
+    shape = plan.model_shape(cfg.model, cfg.scale)
+    assert not plan.plan_run(cfg).fits
+    msg = plan.refusal(cfg, 80)
+    assert msg and "adapter: lora" in msg and "sharing: sp" in msg and "smaller scale" in msg
+    assert f"{16 * shape.params / plan.GB:.1f} GB per policy" in msg
+    assert "vllm_gpu_memory_utilization" not in msg  # the hf backend has no vLLM share to lower
+    sp = _full_ft_cfg("single", "sp", "4b")
+    if not plan.plan_run(sp).fits:  # one policy: no sharing fix to offer
+        assert "sharing: sp" not in plan.refusal(sp, 80)
+
+
+def test_plan_full_ft_cells_from_the_cli(capsys):
+    """`marlflow plan --run adapter=full backend=hf` plans a preset's cells as full fine-tuning and marks them;
+    adapter full alone on the paper preset's vllm backend, or an unknown setting, is an error (exit 2)."""
+    from io import StringIO
+
+    base = ["--preset", "paper", "--only", "scale=0.6b", "workflow=voting", "task=math"]
+    assert plan_cli.main([*base, "--run", "adapter=full", "backend=hf", "--format", "csv"]) == 0
+    rows = pd.read_csv(StringIO(capsys.readouterr().out))
+    assert sorted(rows["run_id"]) == [
+        "voting-ip-0.6b-math-s0 (adapter full)",
+        "voting-sp-0.6b-math-s0 (adapter full)",
+    ]
+    assert plan_cli.main([*base, "--run", "adapter=full", "backend=hf"]) == 0
+    out = capsys.readouterr().out
+    assert "2 run(s) with adapter full" in out and "voting-ip-0.6b-math-s0 (adapter full)" in out
+    assert plan_cli.main([*base, "--format", "csv"]) == 0
+    assert "adapter full" not in capsys.readouterr().out
+    assert plan_cli.main([*base, "--run", "adapter=full"]) == 2
+    assert "backend: hf" in capsys.readouterr().err
+    assert plan_cli.main([*base, "--run", "adaptr=full"]) == 2
+    assert "Did you mean adapter?" in capsys.readouterr().err

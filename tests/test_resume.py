@@ -123,6 +123,16 @@ def test_per_agent_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path):
 
 
 @pytest.mark.slow
+def test_full_ft_sigkill_then_resume_equals_uninterrupted(make_cfg, tmp_path):
+    """Full fine-tuning under agent (a whole model and its AdamW per voter and for the aggregator): killed after a
+    checkpoint, resumed, bit-identical to the uninterrupted run."""
+    cfg = dataclasses.replace(make_cfg("voting", "agent", task="parity", steps=4, save_every=1, eval_every=2),
+                              adapter="full")  # fmt: skip
+    a, _ = kill_and_resume(cfg, tmp_path)
+    assert {Path(f).parent.name for f in a} == {"generator0", "generator1", "generator2", "aggregator"}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workflow,sharing,stops",
     [

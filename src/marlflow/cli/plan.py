@@ -8,6 +8,7 @@ The `marlflow plan` command (also `python -m marlflow plan`); its library is `ma
     marlflow plan --preset paper --all-rounds # the old bound: every Eval-Opt round and worker runs
     marlflow plan --from-run results/runs/ID  # re-plan one run from its first logged steps: real ETA
     marlflow plan --preset paper --only sharing=agent workflow=voting  # restrict or replace axes
+    marlflow plan --preset paper --only scale=0.6b --run adapter=full backend=hf  # full fine-tuning cells
 
 Time is a range over what the policies do (docs/planner.md, "Behaviour"): by default the default behaviour
 (Eval-Opt continuation, Orch-Workers' workers, completion cv) at mean completions of 25% and 50% of the cap;
@@ -40,6 +41,7 @@ from marlflow.pipeline.plan import (
     plan_sheet,
     replan,
     resources,
+    run_settings,
     summary,
     table_rows,
 )
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", nargs="*", default=[], metavar="AXIS=V1,V2",
                     help="restrict or replace axes as `marlflow matrix --only` does, e.g. sharing=agent "
                          "(one adapter per agent instance; cells of a workflow without a parallel role are skipped)")  # fmt: skip
+    ap.add_argument("--run", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="replace run-level settings (a preset's `run:` keys) of every run, e.g. adapter=full "
+                         "backend=hf: full fine-tuning, one whole model per policy (vLLM serves LoRA only)")  # fmt: skip
     ap.add_argument("--gpu", default="h100-80gb", choices=list(GPUS), help="GPU kind (default: h100-80gb)")
     ap.add_argument("--n-gpus", type=int, default=None,
                     help="data-parallel GPUs per run (default: each run's ranks in matrix.yaml)")  # fmt: skip
@@ -118,7 +123,8 @@ def _main(argv=None) -> int:
         key, _, vals = item.partition("=")
         only[key] = vals.split(",") if vals else []
     try:
-        plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus, args.all_rounds, only)
+        run = run_settings(dict(item.partition("=")[::2] for item in args.run))
+        plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus, args.all_rounds, only, run)
     except (MatrixError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -129,8 +135,8 @@ def _main(argv=None) -> int:
         chosen = {}
         if args.max_gpus > 1:
             counts = [2**k for k in range(int(math.log2(args.max_gpus)) + 1)]
-            by_n = {1: plan_sheet(args.matrix, args.preset, args.gpu, 1, args.all_rounds, only),
-                    **{n: plan_sheet(args.matrix, args.preset, args.gpu, n, args.all_rounds, only)
+            by_n = {1: plan_sheet(args.matrix, args.preset, args.gpu, 1, args.all_rounds, only, run),
+                    **{n: plan_sheet(args.matrix, args.preset, args.gpu, n, args.all_rounds, only, run)
                        for n in counts[1:]}}  # fmt: skip
             chosen = choose_gpus(by_n, args.target_hours)
             plans = [p for n in counts for p in by_n[n] if chosen.get(p.scale, {}).get("gpu", 1) == n]

@@ -35,6 +35,7 @@ SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
 TASK_AXIS = ("math", "code")  # task kinds: matrix axis `task`, RunConfig.task_axis, marlflow.tasks Task.kind
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
+ADAPTERS = ("lora", "full")  # RunConfig.adapter: what each policy trains (marlflow.models.policies)
 DEVICES = ("cpu", "cuda", "auto")
 GENERATION_DTYPES = ("auto", "model", "bfloat16")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # RunConfig.report_to (marlflow.training.trackers)
@@ -547,6 +548,17 @@ class RunConfig:
     grpo: GRPOParams = _field(
         help="optimisation and sampling settings: a preset's `grpo:`.", factory=GRPOParams, not_run_level=True
     )
+    adapter: str = _field(
+        "lora",
+        help='what each policy (sharing unit) trains: "lora" (the default), one LoRA adapter per policy on one '
+        'frozen base (grpo.lora_r, lora_alpha, lora_targets), or "full", full fine-tuning: one whole copy of the '
+        "model per policy, trained with its own AdamW (16 bytes per model parameter per policy, which the "
+        "planner refuses where it cannot fit; the lora settings are then unused), the frozen base kept as the "
+        "KL reference. full runs on the hf backend (vLLM serves LoRA adapters on one base). A run id does not "
+        "name it: give a preset that trains full cells a `tag:` (marlflow.models.policies).",
+        enum=ADAPTERS,
+        omitted_at_default=True,
+    )
     backend: str = _field(
         "hf",
         help='"hf" (transformers generate, the default) or "vllm" (colocated engine; CUDA with the `gpu` extra, '
@@ -779,6 +791,11 @@ class RunConfig:
             f"ranks {self.ranks} needs sampling_seeds 'per_call', not {self.sampling_seeds!r}: with 'stream' a "
             "call's tokens depend on the other calls in its batch, so each rank would sample other episodes "
             "than a 1-rank run; set sampling_seeds: per_call (matrix.yaml `run: {sampling_seeds: per_call}`)",
+        )
+        _check(
+            not (self.adapter == "full" and self.backend == "vllm"),
+            "adapter 'full' trains a whole model per policy, but the vllm backend serves one base model with "
+            "LoRA adapters and cannot swap whole models in per request; set backend: hf, or adapter: lora",
         )
         _check(
             not (self.backend == "vllm" and self.device == "auto"),

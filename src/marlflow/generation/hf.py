@@ -89,6 +89,12 @@ class BF16Copy:
     def __init__(self, peft_model):
         from peft.tuners.lora import LoraLayer
 
+        if hasattr(peft_model, "for_policy"):  # adapter full (marlflow.models.policies.FullPolicies)
+            self.full = peft_model
+            self.model = copy.deepcopy(peft_model.reference).to(torch.bfloat16).eval().requires_grad_(False)
+            self.model.__dict__.pop("forward", None)
+            return
+        self.full = None
         # merge_and_unload on a deep copy: the same modules without LoRA wrappers, then cast to bf16.
         plain = copy.deepcopy(peft_model).merge_and_unload()
         # The Trainer (accelerate) wraps the base model's forward in an instance attribute whose closure holds
@@ -104,7 +110,13 @@ class BF16Copy:
 
     @torch.no_grad()
     def weights(self, policy: str):
-        """The bf16 model carrying `policy`'s adapter (the base weights for a layer without that adapter)."""
+        """The bf16 model carrying `policy`'s adapter (the base weights for a layer without that adapter); with
+        adapter full, `policy`'s whole model cast to bf16."""
+        if self.full is not None:
+            live = dict(self.full.for_policy(policy).named_parameters())
+            for name, t in self.model.named_parameters():
+                t.copy_(live[name])
+            return self.model
         for lora, target in self.targets:
             w = lora.base_layer.weight
             if policy in lora.lora_A:
@@ -169,6 +181,8 @@ class HFBackend:
         self.calls += 1
         if self.bf16 is not None:
             model = self.bf16.weights(policy)
+        elif hasattr(self.model, "for_policy"):  # adapter full: the policy's own model
+            model = self.model.for_policy(policy)
         else:
             model = self.model
             model.set_adapter(policy)

@@ -370,24 +370,14 @@ def _build_command(model: str) -> str:
 
 
 def attach_adapters(cfg, base):
-    """`base` with one freshly initialised LoRA adapter per policy of RunConfig `cfg` (B = 0: starts as the base).
+    """`base` with one fresh policy per name in RunConfig `cfg`'s policies, each starting as the base: LoRA
+    adapters (B = 0) or, with adapter full, a whole copy of the model each (marlflow.models.policies.attach).
 
-    The one place that builds a run's adapters: training (`marlflow.cli.train`) and loading a run back
+    The one place that builds a run's policies: training (`marlflow.cli.train`) and loading a run back
     (`marlflow.models.runs.load_policy_model`) both call it, so a loaded run has exactly the trained structure."""
-    from peft import LoraConfig, get_peft_model
+    from marlflow.models.policies import attach
 
-    g = cfg.grpo
-    targets = (
-        g.lora_targets if g.lora_targets == "all-linear" else [t.strip() for t in g.lora_targets.split(",")]
-    )
-    lora = LoraConfig(
-        r=g.lora_r, lora_alpha=g.lora_alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
-    )
-    torch.manual_seed(cfg.seed)
-    model = get_peft_model(base, lora, adapter_name=cfg.policies[0])
-    for p in cfg.policies[1:]:
-        model.add_adapter(p, lora)
-    return model
+    return attach(cfg, base)
 
 
 def load_model_and_tokenizer(model: str, device: str = "cpu", dtype=None):

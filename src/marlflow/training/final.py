@@ -69,15 +69,19 @@ def _use_lines(cfg: RunConfig, base: str, target: str, roles_of: dict[str, list[
     chat_agent = (
         f" --agent {agent}" if agent and spec_of(cfg.workflow).parallel_role == cfg.role_types[0] else ""
     )
+    load = (
+        [f'model = AutoModelForCausalLM.from_pretrained("results/runs/{cfg.run_id}/{target}")']
+        if cfg.adapter == "full"
+        else ["from peft import PeftModel", f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+              f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")']
+    )  # fmt: skip
     return [
         "## Use",
         "",
         "```python",
-        "from peft import PeftModel",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'base = AutoModelForCausalLM.from_pretrained("{base}")',
         f'tok = AutoTokenizer.from_pretrained("{base}")',
-        f'model = PeftModel.from_pretrained(base, "results/runs/{cfg.run_id}/{target}")',
+        *load,
         "```",
         "",
         f"Or: `marlflow chat --run results/runs/{cfg.run_id} --role {cfg.role_types[0]}{chat_agent}`, and "
@@ -93,14 +97,17 @@ def model_card(
     g = cfg.grpo
     # base_model: a hub id only; the card metadata allows nothing else (a local base is named in the table below)
     hub = [f"base_model: {json.dumps(base)}"] if is_hub_id(base) else []
-    lines = ["---", *hub, "library_name: peft", "pipeline_tag: text-generation",
-             "tags:", "- marlflow", "- grpo", "- lora", "- multi-agent", f"- {cfg.workflow}", "---", ""]  # fmt: skip
+    full = cfg.adapter == "full"
+    lines = ["---", *hub, f"library_name: {'transformers' if full else 'peft'}", "pipeline_tag: text-generation",
+             "tags:", "- marlflow", "- grpo", f"- {'full-fine-tuning' if full else 'lora'}", "- multi-agent",
+             f"- {cfg.workflow}", "---", ""]  # fmt: skip
     title = f"marlflow run `{cfg.run_id}`" + (f", adapter `{policy}`" if policy else "")
     roles_of = cfg.policy_members()
     lines += [
         f"# {title}",
         "",
-        f"LoRA adapters trained with multi-agent GRPO by marlflow (step {step} of {g.steps}).",
+        f"{'Fully fine-tuned models, one per policy,' if full else 'LoRA adapters'} trained with multi-agent GRPO "
+        f"by marlflow (step {step} of {g.steps}).",
         "",
         "| | |",
         "|---|---|",
@@ -119,7 +126,9 @@ def model_card(
         f"| GRPO | {g.steps} steps, {g.problems_per_step} problems x G={g.group_size} per step, lr {g.learning_rate:g} "
         f"({g.lr_scheduler}, {g.warmup_steps} warm-up), loss {g.loss_type}, clip {g.epsilon:g}/{g.epsilon_high:g}, "
         f"beta {g.beta:g}, rollout temperature {g.temperature:g}, eval temperature {g.eval_temperature:g} |",
-        f"| LoRA | r={g.lora_r}, alpha={g.lora_alpha}, targets {g.lora_targets} |",
+        "| adapter | full fine-tuning: every parameter, one model per policy |"
+        if full
+        else f"| LoRA | r={g.lora_r}, alpha={g.lora_alpha}, targets {g.lora_targets} |",
         "",
         "## Adapters and roles",
         "",
@@ -170,10 +179,13 @@ def write_final(
     try:
         for policy in cfg.policies:
             src, dst = adapter_dir(ckpt, policy), tmp / policy
-            dst.mkdir(parents=True)
-            shutil.copy2(src / "adapter_model.safetensors", dst / "adapter_model.safetensors")
-            shutil.copy2(src / "adapter_config.json", dst / "adapter_config.json")
-            set_base_model(dst, base)
+            if cfg.adapter == "full":  # the policy's whole model: a transformers folder (config, weights)
+                shutil.copytree(src, dst)
+            else:
+                dst.mkdir(parents=True)
+                shutil.copy2(src / "adapter_model.safetensors", dst / "adapter_model.safetensors")
+                shutil.copy2(src / "adapter_config.json", dst / "adapter_config.json")
+                set_base_model(dst, base)
             atomic_write_text(dst / "README.md", model_card(cfg, base, step, metrics, policy))
         atomic_write_text(tmp / "README.md", model_card(cfg, base, step, metrics))
         old = run_dir / ".final.old"

@@ -49,12 +49,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import get_scheduler
 
 from marlflow import interventions as itv
 from marlflow.generation.fastgen import use_gqa_sdpa
 from marlflow.generation.hf import ChatEncoder, make_backend
+from marlflow.models.policies import load_policy_state, policy_state
 from marlflow.store.schema import SAMPLE_COLUMNS, outcomes_frame, rows
 from marlflow.tasks.splits import run_splits
 from marlflow.training import checkpoint, distributed, environment, evaluation, preempt
@@ -399,7 +399,7 @@ class MultiAgentGRPOTrainer:
         """Put back a `_weights_copy` (adapters and AdamW moments; the schedulers keep their step), scale every
         policy's learning rate and schedule by lr_factor, and publish the adapters to the rollout engine."""
         for p, sd in copy["adapters"].items():
-            set_peft_model_state_dict(self.model, sd, adapter_name=p)
+            load_policy_state(self.model, sd, p)
         f = lr_factor
         for p, s in self.policies.items():
             lrs = [(gr["lr"] * f, gr.get("initial_lr", gr["lr"]) * f) for gr in s.optimizer.param_groups]
@@ -411,10 +411,8 @@ class MultiAgentGRPOTrainer:
     # ------------------------------------------------------------------ step 0, shared by the cell's runs
 
     def _adapter_copies(self) -> dict:
-        """CPU copies of every policy's adapter weights (set_peft_model_state_dict puts them back)."""
-        return {
-            p: itv.cpu_copy(get_peft_model_state_dict(self.model, adapter_name=p)) for p in self.cfg.policies
-        }
+        """CPU copies of every policy's adapter weights (load_policy_state puts them back)."""
+        return {p: itv.cpu_copy(policy_state(self.model, p)) for p in self.cfg.policies}
 
     def _base_eval(self) -> evaluation.Evaluation | None:
         """Step 0's evaluation (marlflow.training.base_eval): read from the cell's cache, computed here, or, while another
@@ -450,12 +448,12 @@ class MultiAgentGRPOTrainer:
         current = self._adapter_copies()
         try:
             for p, sd in initial.items():
-                set_peft_model_state_dict(self.model, sd, adapter_name=p)
+                load_policy_state(self.model, sd, p)
             self.backend.on_update()
             got = self._compute_base_eval(shared)
         finally:
             for p, sd in current.items():
-                set_peft_model_state_dict(self.model, sd, adapter_name=p)
+                load_policy_state(self.model, sd, p)
             self.backend.on_update()
         return self._step0_evaluation(*got, reused=False)
 
@@ -493,7 +491,7 @@ class MultiAgentGRPOTrainer:
         return {
             "step": self.step,
             "nan_streak": self.nan_streak,
-            "adapters": {p: get_peft_model_state_dict(self.model, adapter_name=p) for p in self.cfg.policies},
+            "adapters": {p: policy_state(self.model, p) for p in self.cfg.policies},
             "optimizers": {p: st.optimizer.state_dict() for p, st in self.policies.items()},
             "schedulers": {p: st.scheduler.state_dict() for p, st in self.policies.items()},
             "grad_ema": self.grad_ema,
@@ -510,7 +508,7 @@ class MultiAgentGRPOTrainer:
         (it still serves the adapters it started with; the next step would sample from the wrong policy and
         train on it as on-policy). grad_ema and interventions may be absent (older checkpoints)."""
         for p, sd in state["adapters"].items():
-            set_peft_model_state_dict(self.model, sd, adapter_name=p)
+            load_policy_state(self.model, sd, p)
         for p, sd in state["optimizers"].items():
             self.policies[p].optimizer.load_state_dict(sd)
         for p, sd in state["schedulers"].items():

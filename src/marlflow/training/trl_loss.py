@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import pad
+from trl.trainer.utils import add_fused_lm_head, pad
 
 from marlflow.generation.sampling import distinct_rows
 
@@ -160,15 +160,22 @@ class TrlLoss:
         self.share_prefix = True
         self._last_logps: torch.Tensor | None = None
         placeholder = Dataset.from_dict({"prompt": ["unused"] * cfg.grpo.group_size})
+        # adapter full (marlflow.models.policies.FullPolicies): TRL's trainer is built on the frozen base, a
+        # transformers model as it expects; the loss is always computed on the model passed to `loss`.
+        host = getattr(model, "reference", model)
         with _accelerate_single_process():
             self._grpo = _GRPOTrainer(
                 self._forward,
-                model=model,
+                model=host,
                 reward_funcs=[_no_reward],
                 args=grpo_args(cfg, Path(out_dir)),
                 train_dataset=placeholder,
                 processing_class=tokenizer,
             )
+        if host is not model:  # each policy's model gets the fused log-prob head TRL gave its host
+            for m in model.policy_models.values():
+                add_fused_lm_head(m, temperature=self._grpo.temperature, outputs=("log_probs", "entropy"),
+                                  cast_lm_head_to_fp32=self._grpo.args.cast_lm_head_to_fp32)  # fmt: skip
         # TRL's Trainer creates args.output_dir although nothing is saved there: leave no empty trl/ in the run.
         with contextlib.suppress(OSError):
             Path(self._grpo.args.output_dir).rmdir()

@@ -137,3 +137,20 @@ def _saved(state, tmp_path):
     path = tmp_path / "state.pt"
     torch.save(state, path)
     return path
+
+
+def test_per_agent_block_gram_metrics_equal_the_padded_vectors():
+    """Slot gradients on several adapters (sharing agent) kept unpadded with their block: slot_amplification and
+    slot_cos equal those of the same vectors zero-padded into the joined space."""
+    from marlflow.core import algos
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(5, generator=g), torch.randn(5, generator=g), torch.randn(3, generator=g)]
+    blocks = [0, 0, 1]  # two slots on the first adapter (5 parameters), one on the second (3)
+    padded = [torch.cat([parts[0], torch.zeros(3)]), torch.cat([parts[1], torch.zeros(3)]),
+              torch.cat([torch.zeros(5), parts[2]])]  # fmt: skip
+    for fn in (algos.slot_amplification, algos.mean_pairwise_cosine):
+        assert fn(parts, blocks) == pytest.approx(fn(padded), rel=1e-6), fn.__name__
+    one_each = [parts[0], torch.cat([parts[1], parts[1][:1]])]  # one slot per adapter, different lengths
+    assert algos.slot_amplification(one_each, [0, 1]) == pytest.approx(1.0)
+    assert algos.mean_pairwise_cosine(one_each, [0, 1]) == 0.0

@@ -223,24 +223,47 @@ def projection_shares(grads: dict[str, torch.Tensor]) -> dict[str, float]:
     return {r: (torch.dot(g, total).item() / sq if sq > 0 else math.nan) for r, g in grads.items()}
 
 
-def slot_amplification(grads: Sequence[torch.Tensor]) -> float:
+def block_gram(grads: Sequence[torch.Tensor], blocks: Sequence[int]) -> torch.Tensor:
+    """(m, m) inner products of m slot gradients that live on the direct sum of several parameter blocks
+    (sharing agent: one adapter per agent): blocks[i] is gradient i's block, gradients of one block are (D_b,)
+    on it and zero elsewhere, so two of different blocks have product 0 (and may differ in length)."""
+    m = len(grads)
+    out = torch.zeros(m, m, dtype=torch.float64)
+    for i in range(m):
+        for j in range(i, m):
+            if blocks[i] == blocks[j]:
+                out[i, j] = out[j, i] = torch.dot(grads[i].double(), grads[j].double())
+    return out
+
+
+def slot_amplification(grads: Sequence[torch.Tensor], blocks: Sequence[int] | None = None) -> float:
     """||sum_i g_i|| / sqrt(sum_i ||g_i||^2) over the non-zero (D,) slot gradients of one role: 1 when they
-    are orthogonal, sqrt(m) when m are identical, < 1 when they cancel. NaN with fewer than 2 non-zero."""
-    nz = [g for g in grads if g.norm().item() > 0]
-    if len(nz) < 2:
+    are orthogonal, sqrt(m) when m are identical, < 1 when they cancel. NaN with fewer than 2 non-zero.
+    blocks: each gradient's parameter block (`block_gram`), for slots on several adapters."""
+    keep = [i for i, g in enumerate(grads) if g.norm().item() > 0]
+    if len(keep) < 2:
         return math.nan
-    stack = torch.stack(nz)
+    if blocks is not None:
+        gram = block_gram([grads[i] for i in keep], [blocks[i] for i in keep])
+        return float(math.sqrt(max(gram.sum().item(), 0.0)) / math.sqrt(gram.diagonal().sum().item()))
+    stack = torch.stack([grads[i] for i in keep])
     return float(stack.sum(0).norm().item() / math.sqrt(float((stack * stack).sum().item())))
 
 
-def mean_pairwise_cosine(grads: Sequence[torch.Tensor]) -> float:
-    """Mean cosine over pairs of the non-zero (D,) slot gradients; NaN with fewer than 2."""
-    nz = [g for g in grads if g.norm().item() > 0]
-    if len(nz) < 2:
+def mean_pairwise_cosine(grads: Sequence[torch.Tensor], blocks: Sequence[int] | None = None) -> float:
+    """Mean cosine over pairs of the non-zero (D,) slot gradients; NaN with fewer than 2. blocks: as in
+    `slot_amplification`."""
+    keep = [i for i, g in enumerate(grads) if g.norm().item() > 0]
+    if len(keep) < 2:
         return math.nan
-    u = torch.stack([g / g.norm() for g in nz])
-    c = u @ u.T
-    m = len(nz)
+    if blocks is not None:
+        gram = block_gram([grads[i] for i in keep], [blocks[i] for i in keep])
+        d = gram.diagonal().sqrt()
+        c = gram / torch.outer(d, d)
+    else:
+        u = torch.stack([grads[i] / grads[i].norm() for i in keep])
+        c = u @ u.T
+    m = len(keep)
     return float((c.sum().item() - c.diagonal().sum().item()) / (m * (m - 1)))
 
 

@@ -774,8 +774,9 @@ def adapter_bytes(cfg: RunConfig, shape: ModelShape) -> dict:
         slot, plus the running sum and a new flat of the policy in backward (2 + sum over policies of
         1 + roles + slots).
     view: agent only, after the backward (the activations are freed by then): the joined view of a role that
-        N policies train (update.role_view, joined_stats): its N slot gradients zero-padded into the N adapters'
-        space (N^2 adapters' worth) and four concatenations over them (g and joined_stats' raw, g, rest: 4 N).
+        N policies train (update.role_view, joined_stats): four concatenations over the N adapters (role_view's
+        g and own-loss vector, then joined_stats' raw and rest: 4 N); its slot gradients stay unpadded, each on
+        its own adapter (algos.block_gram).
     The flats and the view are of a policy's trainable parameters: the whole model's under adapter full.
     Derived from the trainer's code, not measured (docs/planner.md, "Memory per GPU")."""
     pa = trainable_params(cfg, shape)
@@ -788,7 +789,7 @@ def adapter_bytes(cfg: RunConfig, shape: ModelShape) -> dict:
         roles_of[p].add(c.role)
     if cfg.sharing == "agent":
         flats = 2 + sum(1 + len(roles_of[p]) + slots_of[p] for p in cfg.policies)
-        view = sum(len(ps) ** 2 + 4 * len(ps) for ps in cfg.role_policies().values() if len(ps) > 1)
+        view = sum(4 * len(ps) for ps in cfg.role_policies().values() if len(ps) > 1)
     else:
         flats, view = 2 + 2 * max(slots_of.values()), 0
     return {"state": 16 * pa * len(cfg.policies), "grads": 4 * pa * flats, "view": 4 * pa * view}

@@ -58,6 +58,9 @@ class RoleGrad:
     g: torch.Tensor | None = None
     slot_grads: list[torch.Tensor] = dataclasses.field(default_factory=list)
     grad_slots: list[str] = dataclasses.field(default_factory=list)  # the slot of each slot_grads entry
+    # each slot_grads entry's parameter block when the role spans several policies (role_view: the entries are
+    # then each on its own policy's parameters, not padded to g's length); empty: all on g's parameters
+    slot_blocks: list[int] = dataclasses.field(default_factory=list)
     loss: float = 0.0
     entropy: list[float] = dataclasses.field(default_factory=list)
     clip: list[float] = dataclasses.field(default_factory=list)
@@ -125,8 +128,9 @@ def role_stats(rg: RoleGrad) -> dict:
     out = {"loss": rg.loss, "grad_norm": pre / rg.f if rg.f > 0 else 0.0, "grad_contrib_pre": pre,
            "live_frac": rg.live / rg.calls}  # fmt: skip
     if len(rg.slot_grads) >= 2:  # parallel same-role calls (Voting, Orch-Workers), Eval-Opt rounds
-        finite_stats(out, slot_amplification=algos.slot_amplification(rg.slot_grads),
-                     slot_cos=algos.mean_pairwise_cosine(rg.slot_grads))  # fmt: skip
+        blocks = rg.slot_blocks or None
+        finite_stats(out, slot_amplification=algos.slot_amplification(rg.slot_grads, blocks),
+                     slot_cos=algos.mean_pairwise_cosine(rg.slot_grads, blocks))  # fmt: skip
     if rg.live:  # entropy and clipping of the calls that were run (with nonzero advantage)
         out.update(entropy=sum(rg.entropy) / rg.live, clip_frac=sum(rg.clip) / rg.live)
     if rg.kl:  # k3 KL to the base model, mean over the role's calls
@@ -193,8 +197,9 @@ def role_view(
     role, one adapter per slot, P_k its parameters). Such a role is joined on the direct sum of those adapters,
     (P,) with P = sum P_k, always all of them (a policy without calls this step is a zero part, so the space
     is the same at every step): g is the parts' g concatenated in layout order, each slot gradient is
-    zero-padded into that space (slots on different adapters are orthogonal there, so slot_cos is 0 and
-    slot_amplification 1: nothing piles up in shared parameters), calls, live, losses and sums add, and f is
+    kept on its own adapter with its block index (`RoleGrad.slot_blocks`; slots on different adapters are
+    orthogonal in the joined space, so slot_cos is 0 and slot_amplification 1: nothing piles up in shared
+    parameters; algos.block_gram computes both without padding), calls, live, losses and sums add, and f is
     set so that ||g|| / f is the norm of the role's own mean-loss gradient, cat_k(w_k g_k / f_k) with
     w_k = algos.own_scale(loss_type, part k's calls and tokens of the role's). counts: the step's
     `policy_counts` (all ranks)."""
@@ -216,14 +221,11 @@ def role_view(
         live = [rg for *_, rg in ps if rg is not None]
         merged = RoleGrad(role, _union(rg.slots for rg in live), sum(rg.calls for rg in live),
                           sum(rg.live for rg in live), norm_g / norm_own if norm_own > 0 else 1.0, g=g)  # fmt: skip
-        start = 0
-        for _, size, rg in ps:
+        for k, (*_, rg) in enumerate(ps):
             for slot, sg in zip(rg.grad_slots if rg else [], rg.slot_grads if rg else []):
-                padded = torch.zeros_like(g)
-                padded[start : start + size] = sg
-                merged.slot_grads.append(padded)
+                merged.slot_grads.append(sg)
                 merged.grad_slots.append(slot)
-            start += size
+                merged.slot_blocks.append(k)
         for rg in live:
             merged.loss += rg.loss
             merged.entropy += rg.entropy

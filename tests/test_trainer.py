@@ -556,3 +556,17 @@ def test_trl_settings_on_the_toy_model(make_cfg, tmp_path):
     trainer = build_trainer(make_cfg("single", "sp", task="parity"), tmp_path)
     assert not trainer.model.is_gradient_checkpointing and not trainer.trl.args.gradient_checkpointing
     assert trainer.trl.args.use_bias_correction_kl is True
+
+
+@pytest.mark.parametrize("sharing,members", [
+    ("sp", {"shared": ["generator", "aggregator"]}),
+    ("ip", {"generator": ["generator"], "aggregator": ["aggregator"]}),
+    ("agent", {"generator0": ["generator0"], "generator1": ["generator1"], "generator2": ["generator2"],
+               "aggregator": ["aggregator"]}),
+])  # fmt: skip
+def test_per_agent_policy_members_name_slots_only_where_they_have_their_own_adapter(
+    make_cfg, sharing, members
+):
+    cfg = make_cfg("voting", sharing)
+    assert cfg.policy_members() == members
+    assert cfg.role_policies()["generator"] == [p for p in members if p.startswith(("generator", "shared"))]

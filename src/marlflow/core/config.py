@@ -834,7 +834,8 @@ class RunConfig:
         for agent in spec.agents(self, self.task_axis):
             parallel = spec.parallel_role is not None and spec.is_parallel_slot(spec.parallel_role, agent)
             role = spec.parallel_role if parallel else agent
-            out[self.policy_of(role, agent if parallel else None)].append(agent if parallel else role)
+            own = parallel and self.sharing == "agent"  # a slot with its own adapter is named as itself
+            out[self.policy_of(role, agent if parallel else None)].append(agent if own else role)
         return {p: list(dict.fromkeys(ms)) for p, ms in out.items()}
 
     def role_policies(self) -> dict[str, list[str]]:

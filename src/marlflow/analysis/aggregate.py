@@ -185,7 +185,8 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | os.PathLike) -> lis
         banner
         + ("Seed-paired differences of one pair of runs per row" if banner else "Seed-paired differences, mean "
            "[95% CI] over seeds")
-        + " (sp-ip: SP minus IP; ma-sa: workflow minus single; itv-none: intervention minus none).\n\n"
+        + " (sp-ip: SP minus IP; sp-agent, ip-agent: SP or IP minus one adapter per agent; ma-sa: workflow minus "
+        "single; itv-none: intervention minus none).\n\n"
         + markdown_table(contrasts_markdown(con), index=False),
     )  # fmt: skip
     claims = tables["claims"]

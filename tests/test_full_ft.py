@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from test_trainer import _rel, _update_grads  # noqa: F401  (also registers the parity task)
+from test_trainer import _rel, _update_grads  # importing it also registers the parity task
 
 from marlflow.cli.train import build_trainer, run
 from marlflow.core.config import ConfigError

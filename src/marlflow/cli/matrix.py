@@ -11,7 +11,7 @@ import sys
 
 import pandas as pd
 
-from marlflow.pipeline.matrix import AXES, MatrixError, check_run_ids, run_sheet
+from marlflow.pipeline.matrix import AXES, MatrixError, check_run_ids, only_overrides, run_sheet
 
 
 def main(argv=None) -> int:
@@ -26,11 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the run sheet as JSON records")
     args = ap.parse_args(argv)
     try:
-        overrides = {}
-        for item in args.only:
-            key, _, vals = item.partition("=")
-            overrides[key] = vals.split(",") if vals else []
-        sheet = run_sheet(args.file, args.preset, overrides)
+        sheet = run_sheet(args.file, args.preset, only_overrides(args.only))
         check_run_ids(args.file)
     except MatrixError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -114,14 +114,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from marlflow.pipeline.matrix import MatrixError
+    from marlflow.pipeline.matrix import MatrixError, only_overrides
 
     if args.from_run:
         return _from_run(args)
-    only = {}
-    for item in args.only:
-        key, _, vals = item.partition("=")
-        only[key] = vals.split(",") if vals else []
+    only = only_overrides(args.only)
     try:
         run = run_settings(dict(item.partition("=")[::2] for item in args.run))
         plans = plan_sheet(args.matrix, args.preset, args.gpu, args.n_gpus, args.all_rounds, only, run)

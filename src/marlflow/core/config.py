@@ -841,9 +841,9 @@ class RunConfig:
     def role_policies(self) -> dict[str, list[str]]:
         """role type -> the policies that train its calls, in `policies` order (several only for the parallel
         role under agent)."""
-        spec = spec_of(self.workflow)
-        return {r: [p for p, ms in self.policy_members().items()
-                    if any(m == r or spec.is_parallel_slot(r, m) for m in ms)] for r in self.role_types}  # fmt: skip
+        spec, members = spec_of(self.workflow), self.policy_members()
+        return {r: [p for p, ms in members.items() if any(m == r or spec.is_parallel_slot(r, m) for m in ms)]
+                for r in self.role_types}  # fmt: skip
 
     @property
     def use_gradient_checkpointing(self) -> bool:

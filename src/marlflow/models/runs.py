@@ -73,6 +73,11 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, 
     return step, ckpts[step]
 
 
+# The weights file of a policy's folder under adapter full (transformers' save_pretrained, one shard: the
+# models full fine-tuning runs on here are small; a sharded save would write an index next to it).
+FULL_WEIGHTS = "model.safetensors"
+
+
 def adapter_dir(ckpt: Path, policy: str) -> Path:
     """The folder of one policy in a checkpoint (or in a final/ folder): its PEFT adapter, or with adapter full
     its whole model (a transformers folder)."""
@@ -82,11 +87,6 @@ def adapter_dir(ckpt: Path, policy: str) -> Path:
             return d
     raise RunError(f"{base} holds no adapter for policy {policy!r} (no adapter_config.json, no {FULL_WEIGHTS}); "
                    "is it complete?")  # fmt: skip
-
-
-# The weights file of a policy's folder under adapter full (transformers' save_pretrained, one shard: the
-# models full fine-tuning runs on here are small; a sharded save would write an index next to it).
-FULL_WEIGHTS = "model.safetensors"
 
 
 def resolve_model(cfg: RunConfig, run_dir: str | Path) -> str:

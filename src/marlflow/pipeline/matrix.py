@@ -809,6 +809,15 @@ def model_of(model: str, build: int) -> str:
     return f"{model}-b{build}" if build else model
 
 
+def only_overrides(items: list[str]) -> dict[str, list[str]]:
+    """`--only AXIS=V1,V2 ...` (marlflow matrix, marlflow plan) as run_sheet's overrides: axis -> values."""
+    out = {}
+    for item in items:
+        key, _, vals = item.partition("=")
+        out[key] = vals.split(",") if vals else []
+    return out
+
+
 def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = None) -> pd.DataFrame:
     """Expand one preset into a DataFrame indexed by run_id (columns: SHEET_COLUMNS).
 

@@ -225,9 +225,7 @@ class MultiAgentGRPOTrainer:
         self.backend.before_update()  # vLLM sleeps (weights to CPU, KV dropped) until the next generate
         stats: dict[str, dict] = defaultdict(dict)
         finite, norms, done = True, {}, []
-        joined = (
-            self.cfg.sharing == "agent"
-        )  # a role on several policies: its stats join them (upd.role_view)
+        joined = bool(self.role_layout)  # a role on several policies: its stats join them (upd.role_view)
         # Data parallel (issue 27): `calls` are this rank's; the loss normalisers count every rank's, and each
         # policy's gradient is summed over the ranks before any metric, the intervention or clipping reads it
         # (marlflow.training.update.reduce_policy_grad). One process: the counts are its own and the reduce is the identity.

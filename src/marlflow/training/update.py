@@ -491,7 +491,8 @@ def apply_step(
     PolicyState: params, optimizer, scheduler; marlflow.training.trainer). roles: the step's `role_view` (None:
     each policy's own roles, which is the view unless a role spans several policies)."""
     cfg, g = trainer.cfg, trainer.cfg.grpo
-    roles = list((roles or {rg.role: rg for pg in done for rg in pg.roles.values()}).values())
+    view = roles or {rg.role: rg for pg in done for rg in pg.roles.values()}
+    roles = list(view.values())
     if metrics:
         for rg in roles:  # coherence: the role's own-loss gradient against its history
             if rg.f > 0:
@@ -503,7 +504,9 @@ def apply_step(
                 finite_stats(stats[rg.role], ema_cos=cos)
     trainer.itv.commit({rg.role: rg.g for rg in roles}, {rg.role: rg.f for rg in roles})
     roles_of = {pg.policy: list(pg.roles) for pg in done}
-    pre = {(pg.policy, r): rg.g.norm().item() if rg.g is not None else stats[r]["grad_contrib_pre"]
+    # ||g|| of each (policy, role) part: role_stats' grad_contrib_pre, except for a role joined over several
+    # policies (role_view), whose stats are the joined role's
+    pre = {(pg.policy, r): stats[r]["grad_contrib_pre"] if view[r] is rg else rg.g.norm().item()
            for pg in done for r, rg in pg.roles.items()}  # fmt: skip
     scales = {r: stats[r]["itv_scale"] for rs in roles_of.values() for r in rs if "itv_scale" in stats[r]}
     post = clipped_contributions(norms, roles_of, pre, scales, g.max_grad_norm)

@@ -39,8 +39,9 @@ if _CHANGED:
         sep="\n",
         file=sys.stderr,
     )
-# One model folder per (scale, toy build): results/models/<scale>, or results/models/toy-b<b> for a build b > 0
-# of the `build` axis (the run's model is then <models.toy>-b<b>; marlflow.pipeline.matrix.model_of).
+# One model folder per (scale, toy build): results/models/<scale>, or results/models/<scale>-b<b> for a
+# build b > 0 of the `build` axis, which only the toy scales take (marlflow.core.config.TOY_SCALES: toy-b1,
+# toy2-b1, ...; the run's model is then <models.<scale>>-b<b>; marlflow.pipeline.matrix.model_of).
 MODEL_FOLDERS = model_folders(SHEET)
 
 

@@ -1,6 +1,7 @@
 # One model folder per scale and toy build: toy is copied from the model shipped in src/marlflow/models/toy_model/
 # after its weights hash is checked (or built here when toy_build gives other settings or --build, or for a
-# build b > 0 of the `build` axis: `--seed b` into results/models/toy-b<b>), smol is converted locally, hub
+# build b > 0 of the `build` axis: `--seed b` into results/models/<scale>-b<b>; the same for every toy scale,
+# marlflow.core.config.TOY_SCALES: toy, toy2s, toy2), smol is converted locally, hub
 # scales get a validated pointer. The whole folder is the output, because what `prepare` writes differs by
 # scale (toy: weights, tokenizer, warmstart.json; hub scales: READY only); READY, written last, records what
 # was prepared.

@@ -29,9 +29,9 @@ The chance that any verdict is wrong when every null holds is simulated by tests
 interval would put on the claimed side with probability 0.8 at its level, from the data's own variance at the
 committed replicates (stats.mde_*). Replicates are treated as exchangeable: with two toy builds the build
 variance is inside the replicate variance, not estimated as a factor, so an interval speaks for these builds.
-`scope` says when every run is of a designed environment (toy, smol). Peaks and gains use the held-out peak
-(selected on validation, read on test) when every run involved has it, else the cross-fitted peak_confirmed
-(tables.PEAK_ESTIMATES); never the in-sample `peak`.
+`scope` says when every run is of a designed environment (the toy scales, smol). Peaks and gains use the
+held-out peak (selected on validation, read on test) when every run involved has it, else the cross-fitted
+peak_confirmed (tables.PEAK_ESTIMATES); never the in-sample `peak`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import pandas as pd
 
 from marlflow.analysis.seeds import n_replicates, replicate_keys
 from marlflow.analysis.tables import PEAK_ESTIMATES, TASK_ORDER, order_key
+from marlflow.core.config import TOY_SCALES
 from marlflow.core.definitions import CI_LEVEL, parallel_role
 from marlflow.core.stats import (
     binom_pmf,
@@ -74,7 +75,7 @@ VALIDATED = {
     "C4": "cliff test calibrated: <= 4.1% false cliffs (tests/test_calibration.py); Tango's paired interval",
     "C5": "cliff test calibrated (as C4); Newcombe interval for two independent rates",
 }
-DESIGNED = ("toy", "smol")  # scales that are designed environments: verdicts describe that environment
+DESIGNED = (*TOY_SCALES, "smol")  # scales that are designed environments: verdicts describe that environment
 LEVEL = 1 - FAMILY_ALPHA / len(VALIDATED)  # each validated claim's interval
 VERDICT_RULE = (f"validated claims only (others: descriptive); intervals Bonferroni-corrected over the "
                 f"{len(VALIDATED)} validated claims (each at {LEVEL:.4g}); supported if the corrected CI lies "

@@ -22,7 +22,7 @@ from marlflow.core.workflow_spec import BUILTIN
 # The shipped workflows in their table order (marlflow.core.workflow_spec); others sort after them by name.
 WORKFLOW_ORDER = list(BUILTIN)
 SHARING_ORDER = ["sp", "ip", "agent"]
-SCALE_ORDER = ["toy", "smol", "0.6b", "1.7b", "4b"]
+SCALE_ORDER = ["toy", "toy2s", "toy2", "smol", "0.6b", "1.7b", "4b"]
 TASK_ORDER = ["math", "code"]
 CLIFF_MARK = "†"
 # The peak estimates a headline view (peak / terminal table, SP - IP contrasts, the report's findings, the

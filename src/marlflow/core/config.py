@@ -31,7 +31,14 @@ from marlflow.core.workflow_spec import spec_of, workflow_names
 
 # Workflows, their role types and everything else about them: marlflow.core.workflow_spec (one WorkflowSpec each).
 SHARINGS = ("sp", "ip", "agent")
-SCALES = ("toy", "smol", "0.6b", "1.7b", "4b")
+SCALES = ("toy", "toy2s", "toy2", "smol", "0.6b", "1.7b", "4b")
+# The toy scales: tiny Qwen3-architecture models shipped with the package and prepared (copied, or built
+# from a seed) by `marlflow models prepare --scale <scale>`. `toy` is toy world v1's model; `toy2s` (hidden
+# 96) and `toy2` (v1's shape, hidden 128) are toy world v2's two scales (docs/toy-world-v2.md). Only these
+# take a build b > 0 of the `build` axis (results/models/<scale>-b<b>), and everywhere `toy` is
+# special-cased (the pipeline's model folders, the planner's shapes, the report's toy bases and model
+# provenance) they all are.
+TOY_SCALES = ("toy", "toy2s", "toy2")
 TASK_AXIS = ("math", "code")  # task kinds: matrix axis `task`, RunConfig.task_axis, marlflow.tasks Task.kind
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 BACKENDS = ("hf", "vllm")
@@ -536,8 +543,9 @@ class RunConfig:
     )
     build: int = _field(
         0,
-        help="matrix axis build: the toy model's build seed (toy scale only): 0 is the shipped toy model, b > 0 "
-        "a toy model built with seed b (`model` is then `<models.toy>-b<b>`). Other scales keep 0.",
+        help="matrix axis build: the toy model's build seed (toy scales only, TOY_SCALES: toy, toy2s, toy2): "
+        "0 is the shipped toy model, b > 0 a toy model built with seed b (`model` is then "
+        "`<models.<scale>>-b<b>`). Other scales keep 0.",
         axis="build",
         bounds={"minimum": 0, "maximum": MAX_SEED},
         omitted_at_default=True,
@@ -770,9 +778,9 @@ class RunConfig:
             f"instance) would be 'ip' under another name; drop 'agent' for {self.workflow}",
         )
         _check(
-            self.build == 0 or self.scale == "toy",
-            f"build {self.build} applies to the toy model only (built from a seed); scale {self.scale!r} has a "
-            "fixed model: set build 0",
+            self.build == 0 or self.scale in TOY_SCALES,
+            f"build {self.build} applies to the toy models only (scales {', '.join(TOY_SCALES)}, built from "
+            f"a seed); scale {self.scale!r} has a fixed model: set build 0",
         )
         object.__setattr__(self, "intervention_spec", check_intervention(self))
         _check(bool(self.model), "model is empty; give a local model folder or a hub id")

@@ -80,14 +80,44 @@ def folder_weights_sha256(folder: str | Path) -> str:
     return state_sha256(state)
 
 
-def check_shipped_toy(source: str | Path = SHIPPED_TOY) -> dict:
+def toy_world(scale: str):
+    """(builder module, shipped folder, re-ship command) of a toy scale: `toy` is world v1
+    (`marlflow.models.toybuild`), `toy2s` and `toy2` world v2 (`marlflow.models.toybuild2`, docs/toy-world-v2.md).
+    Each builder has `toy_version()`, `build_toy(out, ...)` and the default build settings."""
+    if scale == "toy":
+        from marlflow.models import toybuild
+
+        return toybuild, SHIPPED_TOY, _RESHIP
+    from marlflow.models import toybuild2
+
+    if scale not in toybuild2.SCALES:
+        raise ValueError(f"{scale!r} is not a toy scale; toy scales: toy, {', '.join(toybuild2.SCALES)}")
+    shipped = toybuild2.SHIPPED[scale]
+    return (
+        toybuild2,
+        shipped,
+        f"python -m marlflow.models.toybuild2 --scale {scale} --out {_package_path(shipped)}",
+    )
+
+
+def _package_path(path: Path) -> str:
+    return f"src/marlflow/models/{path.name}"
+
+
+def _scale_of_shipped(source: Path) -> str:
+    from marlflow.models import toybuild2
+
+    return next((s for s, d in toybuild2.SHIPPED.items() if Path(source).resolve() == d.resolve()), "toy")
+
+
+def check_shipped_toy(source: str | Path = SHIPPED_TOY, scale: str | None = None) -> dict:
     """The shipped toy model's warmstart.json, after checking that its files are all there, that its weights
-    hash to its `weights_sha256` and that it was built from the current toy sources (`toy_version()`).
+    hash to its `weights_sha256` and that it was built from the current toy sources (`toy_version()` of its
+    world: `toy_world`). `scale` defaults to the scale whose shipped folder `source` is (else toy).
 
     Raises RuntimeError naming what is wrong and the fix."""
-    from marlflow.models import toybuild
-
     source = Path(source)
+    toybuild, _, _RESHIP = toy_world(scale or _scale_of_shipped(source))
     missing = [f for f in _SHIPPED_FILES if not (source / f).is_file()]
     if missing:
         raise RuntimeError(
@@ -115,17 +145,17 @@ def check_shipped_toy(source: str | Path = SHIPPED_TOY) -> dict:
     if info.get("version") != toybuild.toy_version():
         raise RuntimeError(
             f"the shipped toy model {source} is stale: it was built from toy sources version "
-            f"{info.get('version')}, but marlflow.models.toybuild's sources ({', '.join(toybuild._TOY_SOURCES)}) are "
-            f"now version {toybuild.toy_version()}. Rebuild and re-ship it (`{_RESHIP}`, ~5 min on 2 cores, "
+            f"{info.get('version')}, but {toybuild.__name__}'s sources are "
+            f"now version {toybuild.toy_version()}. Rebuild and re-ship it (`{_RESHIP}`, ~25 min on 2 cores, "
             "then commit the folder), or build a local one instead: `prepare --scale toy ... --build` "
             "(snakemake: --config toy_build=--build)"
         )
     return info
 
 
-def ship_toy(out: str | Path, source: str | Path = SHIPPED_TOY) -> dict:
+def ship_toy(out: str | Path, source: str | Path = SHIPPED_TOY, scale: str | None = None) -> dict:
     """Copy the checked shipped toy model into `out` (no READY; `prepare` writes it); returns warmstart.json."""
-    info = check_shipped_toy(source)
+    info = check_shipped_toy(source, scale)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(Path(source).iterdir()):
@@ -202,7 +232,9 @@ def _is_shipped_build(shipped: Path, ready: dict, defaults: dict) -> bool:
         info = json.loads((shipped / "warmstart.json").read_text())
     except (OSError, ValueError):
         if all(ready[k] == defaults[k] for k in (*_BUILD_KEYS, "bf16")):
-            check_shipped_toy(shipped)  # the default model is missing or unreadable: say so and how to fix
+            check_shipped_toy(
+                shipped, ready["scale"]
+            )  # the default model is missing or unreadable: say how to fix
         return False  # other settings are built anyway
     same = all(info.get(k) == ready[k] for k in _BUILD_KEYS)
     return same and info.get("bf16_autocast", False) == ready["bf16"]
@@ -215,28 +247,26 @@ def prepare(
     seed: int = 0,
     eval_n: int = 200,
     build: bool = False,
-    shipped: str | Path = SHIPPED_TOY,
+    shipped: str | Path | None = None,
     **toy,
 ) -> dict:
     """Make `out` usable as the model of `scale`; writes `out/READY` last. Idempotent for toy.
 
-    `toy`: the toy build's settings (steps, solve_steps, batch_size, lr, threads; defaults from
-    `marlflow.models.toybuild`). When they and `seed` are those the shipped model (`shipped`) was built with and
-    `build` is False, the shipped model is copied (eval_n does not matter: it only measures); otherwise the
-    toy model is built here. Either is redone when the settings, the sources or the shipped weights change."""
+    `toy`: the toy build's settings (steps, solve_steps, batch_size, lr, threads; defaults from the scale's
+    builder, `toy_world`). When they and `seed` are those the shipped model (`shipped`, default the scale's
+    shipped folder) was built with and `build` is False, the shipped model is copied (eval_n does not matter:
+    it only measures); otherwise the toy model is built here. Either is redone when the settings, the sources or the shipped weights change."""
+    from marlflow.core.config import TOY_SCALES
+
     out = Path(out)
     ready = {"scale": scale, "versions": _versions()}
-    if scale == "toy":
-        from marlflow.models import toybuild
-
+    if scale in TOY_SCALES:
+        toybuild, default_shipped, _ = toy_world(scale)
+        shipped = default_shipped if shipped is None else shipped
         defaults = {
-            "steps": toybuild.STEPS,
-            "solve_steps": toybuild.SOLVE_STEPS,
-            "batch_size": toybuild.BATCH_SIZE,
-            "lr": toybuild.LR,
-            "threads": toybuild.THREADS,
-            "bf16": False,
+            k.lower(): getattr(toybuild, k) for k in ("STEPS", "SOLVE_STEPS", "BATCH_SIZE", "LR", "THREADS")
         }
+        defaults["bf16"] = False
         unknown = sorted(set(toy) - set(defaults))
         if unknown:
             raise TypeError(f"prepare: unknown toy build setting(s) {unknown}; known: {sorted(defaults)}")
@@ -246,7 +276,8 @@ def prepare(
         ready["source"] = "shipped" if use_shipped else "built"
         keys = ("toy_version", "seed", "source", *settings)
         if use_shipped:
-            info = check_shipped_toy(shipped)  # before the READY check: a stale shipped model must be said
+            # Before the READY check: a stale shipped model must be said.
+            info = check_shipped_toy(shipped, scale)
             ready["weights_sha256"] = info["weights_sha256"]
             keys += ("weights_sha256",)
         old = _read_ready(out)
@@ -260,10 +291,11 @@ def prepare(
                 f"copying the shipped toy model {shipped} (weights_sha256 {info['weights_sha256'][:12]}...) "
                 f"into {out}"
             )
-            ship_toy(out, shipped)
+            ship_toy(out, shipped, scale)
         else:
             log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
-            toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings)
+            extra = {} if scale == "toy" else {"scale": scale}
+            toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings, **extra)
         log(f"READY written: {out / 'READY'}")
     elif scale == "smol":
         (out / "READY").unlink(missing_ok=True)
@@ -354,10 +386,10 @@ def resolve_model_source(model: str) -> tuple[str, bool]:
 def _build_command(model: str) -> str:
     """The command that prepares the model folder `model`, filled in when it is results/models/<scale> (the
     matrix's folders, the `models` rule's outputs); else what to fill in and where it comes from."""
-    from marlflow.core.config import SCALES
+    from marlflow.core.config import SCALES, TOY_SCALES
 
     scale = Path(model).name
-    if scale in ("toy", "smol"):  # built into the folder; --model is not used
+    if scale in (*TOY_SCALES, "smol"):  # built into the folder; --model is not used
         return (
             f"`marlflow models prepare --scale {scale} --model {model} --out {model}` (snakemake does this)"
         )

@@ -27,11 +27,12 @@ Interventions (marlflow.interventions) are axis values too: `intervention: [none
 defined in the preset's `interventions:` block (`coh: {kind: coherence, lam: 0.3, window: 128}`); the
 run id gets `-coh` and the run config carries the definition as `intervention_spec`.
 
-`build` is the toy model's build seed (toy scale only; default [0], the shipped model): build b > 0 trains from
-a toy model built here with `--seed b` into `<models.toy>-b<b>` (results/models/toy-b1, ...), and the run id
-gets `-b<b>` after the seed. The seed axis varies training and evaluation sampling around one model; the
-build axis varies the model itself (its weights also depend on the CPU: docs/results.md). (seed, build)
-pairs are treated as exchangeable replicates: with two builds an interval speaks for those builds, not a new one.
+`build` is the toy model's build seed (toy scales only, config.TOY_SCALES; default [0], the shipped model):
+build b > 0 trains from a toy model built here with `--seed b` into `<models.<scale>>-b<b>`
+(results/models/toy-b1, results/models/toy2-b1, ...), and the run id gets `-b<b>` after the seed. The seed
+axis varies training and evaluation sampling around one model; the build axis varies the model itself (its
+weights also depend on the CPU: docs/results.md). (seed, build) pairs are treated as exchangeable replicates:
+with two builds an interval speaks for those builds, not a new one.
     RunConfig.from_dict(json.loads(sheet.loc["voting-ip-toy-math-s0", "config"]))
 """
 
@@ -842,11 +843,12 @@ def run_sheet(path_or_dict, preset: str | None = None, overrides: dict | None = 
             continue  # one role type (single), hence one policy: it only exists under sp
         if sh == "agent" and spec_of(wf).parallel_role is None:
             continue  # no parallel role (single, Eval-Opt): one agent per role type, which is ip
-        if build and sc != "toy":
+        if build and sc not in C.TOY_SCALES:
             _fail(
                 f"{name}: presets.{preset}.axes.build",
-                f"is {build} for scale {sc}, but only the toy model is built from a seed (scale {sc}'s model is "
-                "fixed); keep build [0] for it, or restrict the build axis to a toy-only preset.",
+                f"is {build} for scale {sc}, but only the toy models (scales {', '.join(C.TOY_SCALES)}) are "
+                f"built from a seed (scale {sc}'s model is fixed); keep build [0] for it, or restrict the "
+                "build axis to a toy-only preset.",
             )
         if any(_matches(w, cell) for w in p.get("exclude", [])):
             continue  # a slice of the grid (e.g. CI's paper_micro_ci)

@@ -18,7 +18,7 @@ Everything here is a model, not a measurement: the memory terms were fitted to a
 measurements of the trainer's own chunk path (benchmarks/bench_plan_memory.py, docs/planner.md); the time
 constants (`GPUS`, `TIME`) are public datasheet figures and rules of thumb, good to about +-2x. Every GPU
 figure this module produces is a planner prediction. Nothing is downloaded: hub model shapes come from the
-`HUB_SHAPES` table, local models (toy, smol) from their config.json.
+`HUB_SHAPES` table, local models (toy, toy2s, toy2, smol) from their config.json.
 """
 
 from __future__ import annotations
@@ -276,10 +276,13 @@ HUB_SHAPES = {
 # The rest of those config.json files that a model built from a shape needs (ModelShape.hf_config); the same
 # in all three.
 QWEN3_DEFAULTS = {"max_position_embeddings": 40960, "rope_theta": 1_000_000, "rms_norm_eps": 1e-6}
-# Local scales before their folder is built: the shape `marlflow.models.toybuild` writes (its vocabulary is ~768
-# tokens) and SmolLM2-135M-Instruct's published config.json.
+# Local scales before their folder is built: the shapes the toy builds write (`marlflow.models.toybuild` for
+# toy, `marlflow.models.toybuild2` for toy world v2's toy2 (v1's shape) and toy2s; vocabularies of at most
+# 768 tokens, tied embeddings) and SmolLM2-135M-Instruct's published config.json.
 FALLBACK_SHAPES = {
     "toy": ModelShape(128, 4, 384, 4, 2, 32, 768, True, True, "marlflow.models.toybuild (model not built yet)"),
+    "toy2s": ModelShape(96, 4, 288, 3, 1, 32, 768, True, True, "marlflow.models.toybuild2 (not built yet)"),
+    "toy2": ModelShape(128, 4, 384, 4, 2, 32, 768, True, True, "marlflow.models.toybuild2 (not built yet)"),
     "smol": ModelShape(576, 30, 1536, 9, 3, 64, 49152, True, False,
                        "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/config.json"),
 }  # fmt: skip

@@ -26,6 +26,7 @@ import pandas as pd
 
 from marlflow.core.config import (
     REPORT_TO_ENV,
+    TOY_SCALES,
     ConfigError,
     RunConfig,
     config_differences,
@@ -98,7 +99,8 @@ def fit_refusal(sheet: pd.DataFrame, scale_resources: dict | None) -> str | None
 
 def model_folders(sheet: pd.DataFrame) -> dict[str, dict]:
     """{folder under results/models: its scale, toy build and model}: one per (scale, build) of the sheet;
-    a build b > 0 of the `build` axis is results/models/toy-b<b> (marlflow.pipeline.matrix.model_of)."""
+    a build b > 0 of the `build` axis (a toy scale, TOY_SCALES) is results/models/<scale>-b<b>
+    (marlflow.pipeline.matrix.model_of): results/models/toy-b1, results/models/toy2-b1, ..."""
     return {
         model_of(sc, b): {"scale": sc, "build": int(b), "model": m}
         for sc, b, m in zip(sheet["scale"], sheet["build"], sheet["model"], strict=True)
@@ -112,7 +114,8 @@ def toy_seed_refusal(config: dict, sheet: pd.DataFrame) -> str | None:
         v["build"] for v in model_folders(sheet).values()
     ):
         return ("config toy_build sets --seed, but this preset also has toy builds > 0 (the build axis builds "
-                "results/models/toy-b<b> with --seed b); drop --seed from toy_build, or restrict builds=[0].")  # fmt: skip
+                "results/models/<scale>-b<b> with --seed b); drop --seed from toy_build, or restrict "
+                "builds=[0].")  # fmt: skip
     return None
 
 
@@ -139,7 +142,7 @@ def ranks_gpu_refusal(sheet: pd.DataFrame, scale_resources: dict | None) -> str 
 
 # Scales whose model the `models` rule builds into results/models/<scale>[-b<build>] (marlflow.models.loading.prepare);
 # a run of one of them must train from that folder, or from a model folder that exists already.
-BUILT_SCALES = ("toy", "smol")
+BUILT_SCALES = (*TOY_SCALES, "smol")
 # What a hub model id looks like (owner/name), as marlflow.models.loading.HUB_ID; repeated here so that reading the
 # workflow does not import torch.
 _HUB_ID = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
@@ -166,11 +169,11 @@ def model_folder_problem(folder: Path) -> str | None:
 
 
 def model_refusal(sheet: pd.DataFrame, matrix: str = "matrix.yaml") -> str | None:
-    """The first model of the sheet that no job could train from: a toy or smol model that is neither the folder
-    the `models` rule prepares (results/models/<scale>[-b<build>]) nor an existing model folder, a local path
-    that does not exist or lacks config.json / weights / tokenizer, or a value that is neither a path nor a hub
-    id. Before: a typo passed, the `models` rule prepared the scale's folder anyway, and each train job failed
-    late, after Snakemake had deleted that run's previous outputs."""
+    """The first model of the sheet that no job could train from: a toy (TOY_SCALES) or smol model that is
+    neither the folder the `models` rule prepares (results/models/<scale>[-b<build>]) nor an existing model
+    folder, a local path that does not exist or lacks config.json / weights / tokenizer, or a value that is
+    neither a path nor a hub id. Before: a typo passed, the `models` rule prepared the scale's folder anyway,
+    and each train job failed late, after Snakemake had deleted that run's previous outputs."""
     import re
 
     from marlflow.pipeline.matrix import model_of

@@ -18,6 +18,7 @@ from marlflow.analysis.tables import (
     PEAK_ESTIMATES,
     peak_estimate,
 )
+from marlflow.core.config import TOY_SCALES
 from marlflow.core.definitions import CI_LEVEL, FORMAT_RISE, TOY_BASE_BAND, supervisor
 from marlflow.core.stats import t_quantile
 from marlflow.report.html import cell_label, cell_order, code_spans, esc, is_missing
@@ -285,9 +286,10 @@ def failure_lines(failures: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
 
 
 def band_warning(summary: pd.DataFrame) -> str | None:
-    """The toy runs whose base (step-0 accuracy) is outside TOY_BASE_BAND, as a sentence; None if all inside."""
+    """The toy runs (TOY_SCALES) whose base (step-0 accuracy) is outside TOY_BASE_BAND, as a sentence; None if
+    all inside."""
     lo, hi = TOY_BASE_BAND
-    toy = summary[(summary["scale"] == "toy") & summary["base"].notna()]
+    toy = summary[summary["scale"].isin(TOY_SCALES) & summary["base"].notna()]
     out = toy[(toy["base"] < lo - 1e-9) | (toy["base"] > hi + 1e-9)].sort_values("run_id")
     if out.empty:
         return None

@@ -19,6 +19,7 @@ from marlflow.analysis.curves import wide
 from marlflow.analysis.plots import (
     step_time_table,
 )
+from marlflow.core.config import TOY_SCALES
 from marlflow.core.definitions import TOY_BASE_BAND
 from marlflow.report.findings import band_warning
 from marlflow.report.html import duration, kv_table
@@ -87,29 +88,32 @@ def machine_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
 
 
 def toy_model_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
-    """Per toy model the runs used (config.json `model`, a folder with warmstart.json): its weights_sha256,
-    the CPU, torch version and threads it was built with, and whether it is the model marlflow ships."""
+    """Per toy model (a scale in TOY_SCALES) the runs used (config.json `model`, a folder with
+    warmstart.json): its weights_sha256, the CPU, torch version and threads it was built with, and, for scale
+    toy, whether it is the model marlflow ships (toy2 and toy2s are listed without that comparison: their
+    shipped models are not compared here yet)."""
     from marlflow.models.loading import SHIPPED_TOY
 
     shipped = read_json(SHIPPED_TOY / "warmstart.json").get("weights_sha256")
-    folders = sorted({str(i["config"]["model"]) for i in run_info.values()
-                      if i["config"].get("scale") == "toy" and i["config"].get("model")})  # fmt: skip
+    folders = sorted({(str(i["config"]["model"]), str(i["config"]["scale"])) for i in run_info.values()
+                      if i["config"].get("scale") in TOY_SCALES and i["config"].get("model")})  # fmt: skip
     out = []
-    for folder in folders:
+    for folder, scale in folders:
         ws = read_json(Path(folder) / "warmstart.json")
         h = ws.get("weights_sha256")
         if not h:
             out.append(
-                (f"toy model {folder}", "no warmstart.json with weights_sha256 there (moved or deleted)")
+                (f"{scale} model {folder}", "no warmstart.json with weights_sha256 there (moved or deleted)")
             )
             continue
         same = (
-            "the model marlflow ships" if h == shipped
-            else f"not the shipped model ({str(shipped)[:16]}...): rebuilt, so its numbers can differ"
+            "" if scale != "toy"
+            else ", the model marlflow ships" if h == shipped
+            else f", not the shipped model ({str(shipped)[:16]}...): rebuilt, so its numbers can differ"
         )  # fmt: skip
         out.append((
-            f"toy model {folder}",
-            f"weights_sha256 {h}, {same}; built on {cpu_text(ws.get('cpu_model', ''), ws.get('cpu_flags', []))}"
+            f"{scale} model {folder}",
+            f"weights_sha256 {h}{same}; built on {cpu_text(ws.get('cpu_model', ''), ws.get('cpu_flags', []))}"
             f" with torch {ws.get('torch', '?')}, {ws.get('threads', '?')} threads",
         ))  # fmt: skip
     return out
@@ -142,9 +146,9 @@ def provenance_section(
         ("torch threads per run (config.json)", ", ".join(threads) or "unknown"),
         *toy_model_provenance(run_info),
     ]
-    if (summary["scale"] == "toy").any():
+    if summary["scale"].isin(TOY_SCALES).any():
         lo, hi = TOY_BASE_BAND
-        n = int(summary["base"][summary["scale"] == "toy"].notna().sum())
+        n = int(summary["base"][summary["scale"].isin(TOY_SCALES)].notna().sum())
         pairs.append(
             (f"toy bases in the designed band [{lo:.2f}, {hi:.2f}]", band_warning(summary) or f"all {n}")
         )

@@ -66,7 +66,7 @@ def get_task(name: str) -> Task:
 
 def _load_builtin() -> None:
     # Imported lazily so that `marlflow.tasks` stays cheap to import and free of cycles.
-    from marlflow.tasks import toy  # noqa: F401
+    from marlflow.tasks import toy, toy2  # noqa: F401
 
     for mod in ("math", "code", "smol"):
         try:

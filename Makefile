@@ -1,4 +1,4 @@
-# Quickstart on a fresh machine with Python 3.11:  make run  (toy matrix on CPU)  |  make test  |  make lint
+# Quickstart on a fresh machine with Python 3.11:  make run  (the default toy2 matrix on CPU)  |  make test  |  make lint
 # make test-fast: the fast tier of the tests (pytest -m 'not slow'), for a quick check while editing
 PY ?= python3
 VENV := .venv

@@ -1,6 +1,6 @@
 """marlflow: matrix.yaml -> one GRPO training job per run -> tables, figures, report.
 
-    snakemake --profile profiles/local                        # toy preset on CPU (make run)
+    snakemake --profile profiles/local                        # the default preset, toy2, on CPU (make run)
     snakemake --profile profiles/local --config preset=smol workflows=[voting] tasks=[math]
     snakemake --profile profiles/slurm                        # paper preset on a SLURM GPU cluster
 

@@ -79,7 +79,8 @@ MATRIX_CASES = {
     "empty_axis": ("seed: [0]", "seed: []", None, ["presets.toy.axes.seed is empty", "list at least one value"]),
     "unknown_preset": ("toy", "toy", "papr",
                        ["preset: 'papr' is not a defined preset", "Did you mean 'paper'", "Defined presets: toy"]),
-    "eval_every_gt_steps": ("eval_every: 10", "eval_every: 100", None,
+    # preset toy: the default toy2 sets its own eval_every and steps, so only v1's toy expands the bad value
+    "eval_every_gt_steps": ("eval_every: 10", "eval_every: 100", "toy",
                             ["presets.toy", "grpo.eval_every is 100 but grpo.steps is 40", "between 1 and steps"]),
 }  # fmt: skip
 

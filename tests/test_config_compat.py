@@ -25,7 +25,7 @@ MATRIX = Path(__file__).resolve().parents[1] / "matrix.yaml"
 # wrote them: `run_sheet(matrix.yaml, preset)["config"]`. If a preset is changed on purpose, its finished
 # runs will be retrained: update the hash only then, and say so in the commit. toy, smoke, toy_seeds and
 # toy_interventions changed on purpose at 9ee740a (task.val_size: a validation set) and again when the toy
-# preset set sampling_seeds per_call (the default evidence was regenerated with it); smol still checks that a
+# preset set sampling_seeds per_call (the toy evidence was regenerated with it); smol still checks that a
 # TaskSpec field at its default (val_size 0) leaves config.json as it was. The hashes cover build-0 runs: the
 # build axis (toy_seeds' build 1) added runs, and must leave every run that existed before it as it was.
 BEFORE = {

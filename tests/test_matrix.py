@@ -33,8 +33,12 @@ def test_expansion_counts(preset, n):
     assert set(sheet["preset"]) == {preset}
 
 
-def test_default_preset_is_toy():
-    assert len(run_sheet(MATRIX)) == 14
+def test_default_preset_is_toy2():
+    """The default preset (`make run`, plain `snakemake`) is toy world v2's matrix: 14 runs at scale toy2."""
+    assert DOC["default_preset"] == "toy2"
+    sheet = run_sheet(MATRIX)
+    assert len(sheet) == 14 and set(sheet["preset"]) == {"toy2"} and set(sheet["scale"]) == {"toy2"}
+    assert "voting-sp-toy2-math-s0" in sheet.index and "single-sp-toy2-code-s0" in sheet.index
 
 
 def test_single_only_sp():
@@ -88,22 +92,24 @@ def test_overrides_restrict_axes():
     assert sorted(sheet.index) == sorted(f"voting-{s}-smol-math-s{k}" for s in ("sp", "ip") for k in (0, 1))
 
 
+# Edits of v1's `toy` expand it by name: the default preset, toy2, overrides some of these keys (steps, eval_every,
+# scale), so it would not hold every edited value.
 @pytest.mark.parametrize(
     ("edit", "preset", "overrides", "expected"),
     [
-        (lambda d: d["presets"]["toy"]["axes"].update(workflow=["single", "votng"]), None, None,
+        (lambda d: d["presets"]["toy"]["axes"].update(workflow=["single", "votng"]), "toy", None,
          ["presets.toy.axes.workflow[1]", "'votng'", "orch_workers", "Did you mean 'voting'"]),
-        (lambda d: d["presets"]["toy"]["grpo"].update(stpes=3), None, None,
+        (lambda d: d["presets"]["toy"]["grpo"].update(stpes=3), "toy", None,
          ["presets.toy.grpo.stpes", "Did you mean 'steps'"]),
-        (lambda d: d["presets"]["toy"]["grpo"].update(steps="forty"), None, None,
+        (lambda d: d["presets"]["toy"]["grpo"].update(steps="forty"), "toy", None,
          ["presets.toy.grpo.steps", "'forty'", "integer"]),
-        (lambda d: d["presets"]["toy"]["axes"].update(task=[]), None, None, ["presets.toy.axes.task", "empty"]),
+        (lambda d: d["presets"]["toy"]["axes"].update(task=[]), "toy", None, ["presets.toy.axes.task", "empty"]),
         (lambda d: None, "papr", None, ["preset", "'papr'", "Did you mean 'paper'", "toy"]),
-        (lambda d: d["presets"]["toy"]["grpo"].update(eval_every=100), None, None,
+        (lambda d: d["presets"]["toy"]["grpo"].update(eval_every=100), "toy", None,
          ["presets.toy", "single-sp-toy-math-s0", "eval_every", "steps"]),
-        (lambda d: d["presets"]["toy"]["grpo"].update(group_size=1), None, None,
+        (lambda d: d["presets"]["toy"]["grpo"].update(group_size=1), "toy", None,
          ["presets.toy", "group_size", "at least 2"]),
-        (lambda d: d["presets"]["toy"]["axes"].update(scale=["toy", "4b"]), None, None,
+        (lambda d: d["presets"]["toy"]["axes"].update(scale=["toy", "4b"]), "toy", None,
          ["presets.toy.models", "'4b'"]),
         (lambda d: None, None, {"workflws": ["voting"]}, ["workflws", "Did you mean 'workflows'"]),
     ],

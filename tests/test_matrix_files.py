@@ -40,8 +40,15 @@ def bomb_body() -> str:
     return "\n".join(lines)
 
 
+def after_default(extra: str) -> str:
+    """TEXT with `extra` (YAML lines) right after its `default_preset:` line, whichever preset that names (a
+    plain replace of "default_preset: toy" would also match inside "default_preset: toy2")."""
+    line = next(ln for ln in TEXT.splitlines(keepends=True) if ln.startswith("default_preset:"))
+    return TEXT.replace(line, line + extra + "\n", 1)
+
+
 def alias_bomb() -> str:
-    return TEXT.replace("default_preset: toy", "default_preset: toy\n" + bomb_body(), 1)
+    return after_default(bomb_body())
 
 
 TOY_GRPO = "      steps: 40\n"
@@ -66,7 +73,7 @@ CASES = {
     "nested_brackets": ("default_preset: " + "[" * 20000 + "]" * 20000 + "\n",
                         ["nested more than", "levels deep", "line 1"]),
     "alias_bomb": (alias_bomb(), ["expands to more than", "aliases"]),
-    "recursive_alias": (TEXT.replace("default_preset: toy", "default_preset: toy\nloop: &loop [*loop]", 1),
+    "recursive_alias": (after_default("loop: &loop [*loop]"),
                         ["expands to more than", "aliases"]),
     "duplicate_key": (sub(TOY_GRPO, TOY_GRPO + "      steps: 41\n"), ["duplicate key 'steps'", "first at line"]),
     "duplicate_preset": (sub("  smol_small:\n", "  smol:\n"), ["duplicate key 'smol'", "first at line"]),

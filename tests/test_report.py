@@ -754,7 +754,8 @@ def findings_rows(exe: str, html_file: Path, shot: Path, tmp: Path) -> np.ndarra
 
 
 def toy_matrix(root: Path) -> list[str]:
-    """The default toy matrix's 14 runs (single SP; Eval-Opt, Voting, Orch-Workers x SP / IP; math, code)
+    """The toy matrix's 14 runs (the cells of toy and of the default toy2: single SP; Eval-Opt, Voting,
+    Orch-Workers x SP / IP; math, code)
     with everything the findings box lists at its longest: cliffs, format-failure rises in several runs,
     bases below the band, an SP - IP difference in every cell."""
     roles = {"single": ["generator"], "eval_opt": ["generator", "evaluator"], "voting": ["generator", "aggregator"],

@@ -35,9 +35,11 @@ def job_counts(text):
 
 
 @pytest.mark.slow
-def test_local_default_plans_toy():
+def test_local_default_plans_toy2():
     # --forceall: the plan must not depend on what an earlier run left in results/
     out = snakemake("-n", "--forceall", "--profile", "profiles/local")
+    # the default preset is toy world v2 (matrix.yaml's default_preset: toy2): its model and run ids
+    assert "results/models/toy2" in out.stdout and "voting-sp-toy2-math-s0" in out.stdout, out.stdout[-3000:]
     assert job_counts(out.stdout) == {
         "models": 1,
         "run_config": 14,

@@ -181,7 +181,8 @@ def test_output_folders_per_preset_and_slice():
     from marlflow.pipeline.matrix import output_dir
 
     assert output_dir("matrix.yaml") == "results"  # the default preset in full: the README's paths
-    assert output_dir("matrix.yaml", "toy", {"seeds": [0], "tasks": ["code", "math"]}) == "results"  # no cut
+    assert output_dir("matrix.yaml", "toy2", {"seeds": [0], "tasks": ["code", "math"]}) == "results"  # no cut
+    assert output_dir("matrix.yaml", "toy") == "results/presets/toy"  # v1: a named preset, not the default
     assert output_dir("matrix.yaml", "smoke") == "results/presets/smoke"
     assert output_dir("matrix.yaml", "smol", {"workflows": ["voting"], "tasks": ["math"]}) == (
         "results/presets/smol/slice-workflow-voting,task-math"

@@ -228,9 +228,9 @@ def contrasts(summary: pd.DataFrame) -> pd.DataFrame:
 # Said once (tables' .md files and report.html) where no cell has two seeds, instead of a column of "n/a".
 ONE_SEED_BANNER = (
     "One seed per cell: no confidence interval or verdict (both need >= 2 seeds per cell); each number is one "
-    "run. For CIs rerun with seeds: `snakemake --profile profiles/local --config seeds=[0,1,2]` (the toy "
-    "matrix: 42 runs, 28 of them new, all on the shipped toy model); `--config preset=toy_seeds` trains those "
-    "42 and 42 more on a second toy model it builds first (84 runs), so the intervals also cover the model build."
+    "run. For CIs rerun with seeds: `snakemake --profile profiles/local --config seeds=[0,1,2]` (the default "
+    "toy2 matrix: 42 runs, 28 new, on its shipped model); toy world v1's `--config preset=toy_seeds` "
+    "trains its 42 and 42 more on a second toy model it builds first (84 runs), so intervals cover the build too."
 )
 
 

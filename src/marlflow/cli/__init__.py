@@ -29,7 +29,7 @@ COMMANDS = {
     "matrix": ("marlflow.cli.matrix", "validate matrix.yaml and print a preset's run sheet"),
     "models": (
         "marlflow.cli.models",
-        "build the toy/smol models or validate a hub model (prepare, build-toy)",
+        "build the toy (toy, toy2s, toy2) and smol models or validate a hub model (prepare, build-toy)",
     ),
     "train": ("marlflow.cli.train", "train one cell from its config.json"),
     "eval": ("marlflow.cli.evaluate", "evaluate a run's checkpoint on any registered task"),

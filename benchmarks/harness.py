@@ -73,8 +73,9 @@ def setup(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _model_folder(model: str) -> str:
-    """`model` if it is a folder or a hub id; the shipped toy model when the default results/models/toy has not
-    been copied yet (a checkout before `make run`: the two hold the same weights); else exit with the fix."""
+    """`model` if it is a folder or a hub id; the shipped toy model when the default results/models/toy (toy world
+    v1, which the benchmarks time) has not been copied yet (the `toy` preset copies it: the two hold the same
+    weights); else exit with the fix."""
     if Path(model).is_dir() or (
         not model.startswith((".", "/", "results/", "src/")) and model.count("/") == 1
     ):
@@ -82,7 +83,7 @@ def _model_folder(model: str) -> str:
     if Path(model) == Path("results/models/toy"):
         from marlflow.models.loading import SHIPPED_TOY
 
-        print(f"{model} not there yet (`make run` copies it): using the shipped toy model {SHIPPED_TOY}")
+        print(f"{model} not there yet (the toy preset copies it): using the shipped toy model {SHIPPED_TOY}")
         return str(SHIPPED_TOY)
     raise SystemExit(
         f"--model {model}: no such folder; pass a model folder (e.g. src/marlflow/models/toy_model)"

@@ -274,3 +274,27 @@ def test_verdict_rule():
     assert verdict(-0.1, 0.3, 0.0, ">") == "inconclusive"
     assert verdict(np.nan, np.nan, 0.0, ">") == "inconclusive"
     assert verdict(-0.3, -0.1, 0.0, "<") == "supported"
+
+
+def test_slots_by_cell_keeps_the_parallel_role_and_gives_a_ci_over_runs():
+    """The evidence table `slots`: the parallel role's slot amplification and cosine per cell, mean [95% CI]
+    over the cell's runs; other roles and workflows without a parallel role are left out."""
+    from marlflow.analysis.seeds import SLOT_COLUMNS, slots_by_cell
+
+    rows = []
+    for sharing, amps in (("ip", [1.10, 1.20, 1.30]), ("agent", [1.0, 1.0, 1.0])):
+        for seed, amp in enumerate(amps):
+            base = {"run_id": f"voting-{sharing}-s{seed}", "workflow": "voting", "sharing": sharing, "scale": "toy2",
+                    "task": "math", "seed": seed, "build": 0, "intervention": "none"}  # fmt: skip
+            rows.append(
+                base | {"role": "generator", "slot_amplification_mean": amp, "slot_cos_mean": amp - 1}
+            )
+            rows.append(base | {"role": "aggregator", "slot_amplification_mean": 9.0, "slot_cos_mean": 9.0})
+    rows.append({**rows[0], "run_id": "single", "workflow": "single", "sharing": "sp"})
+    out = slots_by_cell(pd.DataFrame(rows))
+    assert list(out.columns) == SLOT_COLUMNS and list(out["sharing"]) == ["ip", "agent"]
+    assert set(out["role"]) == {"generator"} and list(out["n_runs"]) == [3, 3]
+    ip, agent = out.iloc[0], out.iloc[1]
+    assert ip["slot_amplification"].startswith("1.200 [") and ip["slot_amplification"] != "1.200 [n/a]"
+    assert agent["slot_amplification"].startswith("1.000 [1.000, 1.000]")
+    assert slots_by_cell(pd.DataFrame(columns=list(rows[0]))).empty

@@ -284,3 +284,28 @@ def contrasts_markdown(con: pd.DataFrame) -> pd.DataFrame:
     out = con[["contrast", *CELL, "stat", "n_pairs"]].copy()
     out["difference"] = [fmt_ci(*r) for r in con[["mean", "lo", "hi"]].to_numpy()]
     return out
+
+
+SLOT_COLUMNS = [*CELL, "role", "n_runs", "slot_amplification", "slot_cos"]
+
+
+def slots_by_cell(grads: pd.DataFrame) -> pd.DataFrame:
+    """Per cell with a parallel role (Voting's generators, Orch-Workers' workers): that role's run-mean
+    slot_amplification and slot_cos (grad_dynamics' `*_mean` columns), as mean [95% CI] over the cell's runs
+    (seeds x builds). Under sharing `agent` each slot has its own adapter, so amplification is 1 and slot
+    cosine 0 by construction (docs/reference.md, "Sharing units"); SP and IP measure the pile-up.
+
+    grads: grad_dynamics rows (one per run x role). Returns SLOT_COLUMNS, text cells '<mean> [<lo>, <hi>]'."""
+    from marlflow.core.definitions import parallel_role
+
+    if grads.empty:
+        return pd.DataFrame(columns=SLOT_COLUMNS)
+    par = grads[[parallel_role(w) == r for w, r in zip(grads["workflow"], grads["role"])]]
+    records = []
+    for key, g in par.groupby(CELL, sort=False):
+        row = [*key, g["role"].iloc[0], int(g["run_id"].nunique())]
+        for col in ("slot_amplification_mean", "slot_cos_mean"):
+            m, lo, hi, _ = mean_ci(g[col].dropna().astype(float))
+            row.append(fmt_ci(m, lo, hi))
+        records.append(row)
+    return _sort_cells(pd.DataFrame.from_records(records, columns=SLOT_COLUMNS))

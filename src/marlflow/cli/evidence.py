@@ -15,7 +15,8 @@ An experiment's evidence is a folder results/evidence/<experiment>/ holding
     outcomes.parquet   every run's per-problem outcomes (marlflow.store.schema.OUTCOME_COLUMNS), where the runs
                        kept them
     tables/<name>.md   the tables rendered from metrics.parquet (summary, summary_by_cell, contrasts, claims,
-                       interventions) and outcomes.parquet (paired, paired_cliffs), exactly as `render` writes them
+                       interventions, slots: the parallel role's slot amplification per cell) and outcomes.parquet
+                       (paired, paired_cliffs), exactly as `render` writes them
 
     python -m marlflow evidence collect toy_slice --results /path/to/worktree/results \\
         --command "snakemake --profile profiles/local --config preset=toy workflows=[single,voting] tasks=[math]"
@@ -46,7 +47,7 @@ from marlflow.training import environment
 
 ROOT = Path(__file__).resolve().parents[3]
 EVIDENCE = ROOT / "results" / "evidence"
-TABLES = ("summary", "summary_by_cell", "contrasts", "claims", "interventions")
+TABLES = ("summary", "summary_by_cell", "contrasts", "claims", "interventions", "slots")
 QUOTE = re.compile(r"<!-- evidence: ([\w.-]+)/([\w.-]+)\.md -->\n(.*?)<!-- /evidence -->", re.S)
 
 
@@ -67,7 +68,7 @@ def tables_of(
     from marlflow.analysis import markdown_table
     from marlflow.analysis.aggregate import build_tables
     from marlflow.analysis.paired import paired_markdown
-    from marlflow.analysis.seeds import ci_markdown, contrasts_markdown
+    from marlflow.analysis.seeds import ci_markdown, contrasts_markdown, slots_by_cell
 
     t = build_tables(metrics, analysis, outcomes)
     shown = {
@@ -76,6 +77,7 @@ def tables_of(
         "contrasts": contrasts_markdown(t["contrasts"]),
         "claims": t["claims"].drop(columns=["rule"]),
         "interventions": t["interventions"],
+        "slots": slots_by_cell(t["grad_dynamics"]),
     }
     out = {name: markdown_table(df, index=False) for name, df in shown.items()}
     if outcomes is not None and len(outcomes):

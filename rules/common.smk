@@ -22,7 +22,9 @@ SHEET, OUT = check_before_submit(config, workflow.resource_settings)
 RUN_IDS = list(SHEET.index)
 # A CUDA preset whose train jobs would get no GPU (profiles/local on a machine without one): a dry run plans it with
 # this warning, and a real run is refused by the Snakefile's onstart, before its first job.
-GPU_REFUSAL = gpu_refusal(SHEET, config.get("scale_resources"), workflow.resource_settings)
+GPU_REFUSAL = gpu_refusal(
+    SHEET, config.get("scale_resources"), workflow.resource_settings
+)
 if GPU_REFUSAL and workflow.is_main_process:
     print(
         f"marlflow: warning: {GPU_REFUSAL} A dry run plans them; a real run stops before its first job.",

@@ -242,35 +242,51 @@ def test_results_sections_quoted_in_docs_exist():
 
 
 def test_readme_names_the_shipped_toy_weights():
-    """The README's expectations name the weights they were measured with: the model that ships."""
-    shipped = json.loads((ROOT / "src/marlflow/models/toy_model/warmstart.json").read_text())[
-        "weights_sha256"
-    ]
+    """The README's expectations name the weights they were measured with: the default preset's model (toy2)."""
+    from marlflow.models.toybuild2 import SHIPPED
+
+    shipped = json.loads((SHIPPED["toy2"] / "warmstart.json").read_text())["weights_sha256"]
     assert f"`{shipped[:8]}…`" in README.read_text()
+    prov = json.loads((ROOT / "results/evidence/toy2/provenance.json").read_text())
+    assert set(prov["weights_sha256"].values()) == {shipped}  # the evidence was trained on the shipped model
 
 
 def test_readme_expectations_come_from_the_committed_toy_evidence():
-    """The README's bullet on the current `results/evidence/toy` (its CPU type, sampling and commit as its
-    provenance.json names them) recomputes from that summary: bases, held-out peaks per task and gains, so the
-    README cannot drift from the data."""
+    """The README's bullets on the default preset (`results/evidence/toy2`, on [A]) and on `toy_agents` recompute
+    from the committed data: bases and how many are in the band, held-out peaks per task, gains, the SP - IP code
+    rows, the slot amplification, so the README cannot drift from the data."""
     import pandas as pd
 
-    prov = json.loads((ROOT / "results/evidence/toy/provenance.json").read_text())
-    s = pd.read_parquet(ROOT / "results/evidence/toy/summary.parquet")
+    from marlflow.cli.evidence import tables_of
+    from marlflow.core.definitions import TOY_BASE_BAND
+    from marlflow.store.schema import validate_metrics
+
+    ev = ROOT / "results/evidence"
+    prov = json.loads((ev / "toy2/provenance.json").read_text())
+    assert {f for e in prov["environments"] for f in e["cpu_flags"]} >= {"amx_bf16", "amx_tile"}  # [A]
+    s = pd.read_parquet(ev / "toy2/summary.parquet")
     text = " ".join(README.read_text().split())
-    bullet = text[text.index("- **AMD EPYC with AVX2 only**") : text.index("- **What the toy can show**")]
-    assert prov["commit"][:7] in bullet and "`per_call`" in bullet and prov["cpu"]["model"] == "AMD EPYC"
-    assert {f for e in prov["environments"] for f in e["cpu_flags"]} == {"avx2", "fma"}  # AVX2 only
+    bullet = text[text.index("- **[A]**, Intel Xeon with AMX") : text.index("- **Other CPU types**")]
+    lo, hi = TOY_BASE_BAND
+    inside = int(s["base"].between(lo, hi).sum())
+    assert f"bases {s['base'].min():.3f}–{s['base'].max():.3f}, {inside} of {len(s)} in the band" in bullet
     math, code = s[s["task"] == "math"]["peak_heldout"], s[s["task"] == "code"]["peak_heldout"]
-    assert f"bases {s['base'].min():.3f}–{s['base'].max():.3f}" in bullet, bullet
-    assert f"peaks {code.min():.3f}–{code.max():.3f} and {math.min():.3f}–{math.max():.3f}" in bullet, bullet
+    assert f"peaks {code.min():.3f}–{code.max():.3f} (code) and {math.min():.3f}–{math.max():.3f}" in bullet
     g = s["gain_heldout"]
     assert f"gains {g.min():.3f}–{g.max():.3f}" in bullet, bullet
-    low = s[s["base"] < 0.15]
-    assert (
-        list(zip(low["workflow"], low["task"])) == [("eval_opt", "code")] * len(low)
-        and "Eval-Opt code below" in bullet
-    )
+    low = sorted({(w, t) for w, t in zip(s[s["base"] < lo]["workflow"], s[s["base"] < lo]["task"])})
+    assert low == [("eval_opt", "code"), ("orch_workers", "code"), ("orch_workers", "math")], low
+    sharing = text[text.index("- **Sharing**") : text.index("- **GPUs**")]
+    paired = pd.read_parquet(ev / "toy2/outcomes.parquet")  # the code rows' SP - IP, from the rendered table
+    rows = [r for r in tables_of(validate_metrics(pd.read_parquet(ev / "toy2/metrics.parquet")), paired,
+                                 prov.get("analysis"))["paired"].splitlines()
+            if r.startswith("| sp-ip | sp | ip | heldout |") and "| code |" in r and "| all |" not in r]  # fmt: skip
+    diffs = sorted(float(r.split("|")[13]) for r in rows)
+    assert len(rows) == 3 and f"({diffs[-1]:.3f} to {diffs[0]:.3f})".replace("-", "−") in sharing
+    slots = (ev / "toy_agents/tables/slots.md").read_text()
+    amps = [float(r.split("|")[8].split()[0]) for r in slots.splitlines() if r.startswith("| voting | sp") or
+            r.startswith("| voting | ip")]  # fmt: skip
+    assert f"slot amplification {min(amps):.2f}–{max(amps):.2f}" in sharing, (amps, sharing)
 
 
 def test_results_three_seed_numbers_come_from_the_committed_evidence():

@@ -326,7 +326,8 @@ def model_shape(model: str, scale: str = "") -> ModelShape:
 # small next to the completion caps of the paper preset (5,120 / 2,048 tokens): a 2x error here moves tokens
 # per step by < 5% there.
 TYPICAL_QUESTION_TOKENS = {"dapo_math": 150, "math": 120, "gsm8k": 80, "deepcoder": 700, "mbpp": 120,
-                           "humaneval": 180, "toy_math": 12, "toy_code": 20, "smol_math": 12, "smol_code": 30}  # fmt: skip
+                           "humaneval": 180, "toy_math": 12, "toy_code": 20, "toy_code2": 28, "smol_math": 12,
+                           "smol_code": 30}  # fmt: skip
 CHARS_PER_TOKEN = 4.0  # English instructions with a BPE vocabulary of ~150k (Qwen3): ~4 characters per token
 TEMPLATE_TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n ... <|im_end|>\n
 GENERATION_PROMPT_TOKENS = 7  # <|im_start|>assistant\n<think>\n\n</think>\n\n (enable_thinking=False)

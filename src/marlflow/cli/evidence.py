@@ -104,10 +104,13 @@ def _source(results: Path) -> tuple[list[Path], list[dict], dict, str]:
 
 def _pipeline_summary(results: Path, run_ids: set[str]) -> pd.DataFrame | None:
     """The summary.parquet the pipeline's aggregate step wrote for exactly these runs: results/tables/ (the default
-    preset) or results/presets/<preset>/tables/ (any other); None when there is none to copy."""
+    preset), results/presets/<preset>/tables/ (any other), or a slice's <that>/slice-<axes>/tables/; None when
+    there is none to copy."""
     for path in [
         results / "tables" / "summary.parquet",
         *sorted(results.glob("presets/*/tables/summary.parquet")),
+        *sorted(results.glob("slice-*/tables/summary.parquet")),
+        *sorted(results.glob("presets/*/slice-*/tables/summary.parquet")),
     ]:
         if path.is_file():
             summary = pd.read_parquet(path)

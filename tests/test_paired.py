@@ -218,3 +218,15 @@ def test_findings_name_per_problem_verdicts_from_the_declared_rows():
     null = pairs.assign(verdict=pairs["verdict"].where(pairs["at"] != "heldout", "no difference shown"))
     assert "no difference shown in any (largest: " in per_problem_line(null)
     assert per_problem_line(None) is None and per_problem_line(pairs.iloc[0:0]) is None
+
+
+@pytest.mark.parametrize(("n_rep", "says"), [(1, "One replicate"), (6, "Several replicates")])
+def test_paired_caption_says_what_the_interval_covers(n_rep, says):
+    """paired.md's caption follows the table: with one replicate per pair the interval covers the problems only;
+    with several it covers replicate variance too."""
+    from marlflow.analysis.paired import PAIRED_COLUMNS, paired_markdown
+
+    row = {c: 0.0 for c in PAIRED_COLUMNS} | {"contrast": "sp-ip", "a": "sp", "b": "ip", "at": "heldout",
+                                               "workflow": "voting", "n_rep": n_rep, "n_prob": 200}  # fmt: skip
+    text = paired_markdown(pd.DataFrame([row], columns=PAIRED_COLUMNS))
+    assert says in text and ("One replicate" in text) == (n_rep == 1)

@@ -225,8 +225,13 @@ def paired_markdown(pairs: pd.DataFrame, declared: dict | None = None) -> str:
         f"Per-problem paired differences a - b on the test problems, paired by problem within each replicate "
         f"and combined over replicates (marlflow.core.paired.paired_diff: problem and replicate variance; p: "
         f"stratified exact McNemar). {how}: primary `at` {d['primary']} (the step validation chose), "
-        f"correction {d['correction']} over its rows; the other `at` is descriptive. One replicate: the "
-        "interval covers the problems only, not seed variance."
+        f"correction {d['correction']} over its rows; the other `at` is descriptive. "
+    )
+    several = not pairs.empty and int(pairs["n_rep"].max()) > 1
+    head += (
+        "Several replicates: the interval covers problem and replicate (seed, build) variance."
+        if several
+        else "One replicate: the interval covers the problems only, not seed variance."
     )
     if d.get("mde"):
         head += f" The preset was sized to detect a difference of {d['mde']:.3g}."

@@ -287,6 +287,10 @@ def test_readme_expectations_come_from_the_committed_toy_evidence():
     amps = [float(r.split("|")[8].split()[0]) for r in slots.splitlines() if r.startswith("| voting | sp") or
             r.startswith("| voting | ip")]  # fmt: skip
     assert f"slot amplification {min(amps):.2f}–{max(amps):.2f}" in sharing, (amps, sharing)
+    scale = text[text.index("- **Scale**") : text.index("- **GPUs**")]
+    for exp in ("toy2s", "toy2"):
+        o = pd.read_parquet(ev / exp / "summary.parquet").query("workflow == 'orch_workers'")["gain_heldout"]
+        assert f"gains {o.min():.3f}–{o.max():.3f}" in scale, (exp, scale)
 
 
 def test_results_three_seed_numbers_come_from_the_committed_evidence():

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from marlflow.core.config import SCALES, TOY_SCALES, ConfigError, RunConfig, TaskSpec
+from marlflow.models import toybuild2
 from marlflow.pipeline.matrix import MatrixError, run_sheet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,4 +152,11 @@ def test_provenance_lists_toy2_models(tmp_path):
         "s": {"config": {"scale": "smol", "model": "x"}},
     }
     ((label, text),) = toy_model_provenance(info)
-    assert label == f"toy2 model {folder}" and text.startswith(f"weights_sha256 {'ab' * 32}; built on")
+    shipped = json.loads((toybuild2.SHIPPED["toy2"] / "warmstart.json").read_text())["weights_sha256"]
+    assert label == f"toy2 model {folder}" and text.startswith(
+        f"weights_sha256 {'ab' * 32}, not the shipped model ({shipped[:16]}...): rebuilt"
+    )
+    # a folder with the shipped toy2 weights is named as the toy2 model marlflow ships (each scale its own)
+    (folder / "warmstart.json").write_text(json.dumps({"weights_sha256": shipped, "threads": 2}))
+    ((_, text),) = toy_model_provenance(info)
+    assert text.startswith(f"weights_sha256 {shipped}, the model marlflow ships; built on")

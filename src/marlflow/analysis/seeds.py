@@ -23,6 +23,7 @@ import math
 import pandas as pd
 
 from marlflow.analysis.tables import SCALE_ORDER, SHARING_ORDER, TASK_ORDER, WORKFLOW_ORDER, order_key
+from marlflow.core.definitions import parallel_role
 from marlflow.core.stats import mean_ci, rate_ci, tango_ci
 from marlflow.core.workflow_spec import baseline
 
@@ -296,8 +297,6 @@ def slots_by_cell(grads: pd.DataFrame) -> pd.DataFrame:
     cosine 0 by construction (docs/reference.md, "Sharing units"); SP and IP measure the pile-up.
 
     grads: grad_dynamics rows (one per run x role). Returns SLOT_COLUMNS, text cells '<mean> [<lo>, <hi>]'."""
-    from marlflow.core.definitions import parallel_role
-
     if grads.empty:
         return pd.DataFrame(columns=SLOT_COLUMNS)
     par = grads[[parallel_role(w) == r for w, r in zip(grads["workflow"], grads["role"])]]

@@ -30,7 +30,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 import torch
 
@@ -80,28 +84,29 @@ def folder_weights_sha256(folder: str | Path) -> str:
     return state_sha256(state)
 
 
-def toy_world(scale: str):
-    """(builder module, shipped folder, re-ship command) of a toy scale: `toy` is world v1
-    (`marlflow.models.toybuild`), `toy2s` and `toy2` world v2 (`marlflow.models.toybuild2`, docs/toy-world-v2.md).
-    Each builder has `toy_version()`, `build_toy(out, ...)` and the default build settings."""
+class ToyWorld(NamedTuple):
+    """What `prepare` and the checks need of one toy scale's world."""
+
+    builder: ModuleType  # toy_version(), log and the default build settings (STEPS, SOLVE_STEPS, ...)
+    build: Callable[..., dict]  # build(out, seed=..., eval_n=..., **settings): the scale's model
+    shipped: Path  # the shipped model's folder
+    reship: str  # the command that rebuilds and re-ships it
+
+
+def toy_world(scale: str) -> ToyWorld:
+    """The world of a toy scale: `toy` is world v1 (`marlflow.models.toybuild`), `toy2s` and `toy2` world v2
+    (`marlflow.models.toybuild2`, one model shape per scale; docs/toy-world-v2.md)."""
     if scale == "toy":
         from marlflow.models import toybuild
 
-        return toybuild, SHIPPED_TOY, _RESHIP
+        return ToyWorld(toybuild, toybuild.build_toy, SHIPPED_TOY, _RESHIP)
     from marlflow.models import toybuild2
 
     if scale not in toybuild2.SCALES:
         raise ValueError(f"{scale!r} is not a toy scale; toy scales: toy, {', '.join(toybuild2.SCALES)}")
     shipped = toybuild2.SHIPPED[scale]
-    return (
-        toybuild2,
-        shipped,
-        f"python -m marlflow.models.toybuild2 --scale {scale} --out {_package_path(shipped)}",
-    )
-
-
-def _package_path(path: Path) -> str:
-    return f"src/marlflow/models/{path.name}"
+    reship = f"python -m marlflow.models.toybuild2 --scale {scale} --out src/marlflow/models/{shipped.name}"
+    return ToyWorld(toybuild2, partial(toybuild2.build_toy, scale=scale), shipped, reship)
 
 
 def _scale_of_shipped(source: Path) -> str:
@@ -117,7 +122,8 @@ def check_shipped_toy(source: str | Path = SHIPPED_TOY, scale: str | None = None
 
     Raises RuntimeError naming what is wrong and the fix."""
     source = Path(source)
-    toybuild, _, _RESHIP = toy_world(scale or _scale_of_shipped(source))
+    world = toy_world(scale or _scale_of_shipped(source))
+    toybuild, _RESHIP = world.builder, world.reship
     missing = [f for f in _SHIPPED_FILES if not (source / f).is_file()]
     if missing:
         raise RuntimeError(
@@ -232,9 +238,8 @@ def _is_shipped_build(shipped: Path, ready: dict, defaults: dict) -> bool:
         info = json.loads((shipped / "warmstart.json").read_text())
     except (OSError, ValueError):
         if all(ready[k] == defaults[k] for k in (*_BUILD_KEYS, "bf16")):
-            check_shipped_toy(
-                shipped, ready["scale"]
-            )  # the default model is missing or unreadable: say how to fix
+            # The default model is missing or unreadable: say so and how to fix it.
+            check_shipped_toy(shipped, ready["scale"])
         return False  # other settings are built anyway
     same = all(info.get(k) == ready[k] for k in _BUILD_KEYS)
     return same and info.get("bf16_autocast", False) == ready["bf16"]
@@ -261,8 +266,8 @@ def prepare(
     out = Path(out)
     ready = {"scale": scale, "versions": _versions()}
     if scale in TOY_SCALES:
-        toybuild, default_shipped, _ = toy_world(scale)
-        shipped = default_shipped if shipped is None else shipped
+        world = toy_world(scale)
+        toybuild, shipped = world.builder, world.shipped if shipped is None else shipped
         defaults = {
             k.lower(): getattr(toybuild, k) for k in ("STEPS", "SOLVE_STEPS", "BATCH_SIZE", "LR", "THREADS")
         }
@@ -294,8 +299,7 @@ def prepare(
             ship_toy(out, shipped, scale)
         else:
             log(f"building the toy model into {out} (no READY there for version {ready['toy_version']})")
-            extra = {} if scale == "toy" else {"scale": scale}
-            toybuild.build_toy(out, seed=seed, eval_n=eval_n, **settings, **extra)
+            world.build(out, seed=seed, eval_n=eval_n, **settings)
         log(f"READY written: {out / 'READY'}")
     elif scale == "smol":
         (out / "READY").unlink(missing_ok=True)

@@ -89,12 +89,10 @@ def machine_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
 
 def toy_model_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
     """Per toy model (a scale in TOY_SCALES) the runs used (config.json `model`, a folder with
-    warmstart.json): its weights_sha256, the CPU, torch version and threads it was built with, and, for scale
-    toy, whether it is the model marlflow ships (toy2 and toy2s are listed without that comparison: their
-    shipped models are not compared here yet)."""
-    from marlflow.models.loading import SHIPPED_TOY
+    warmstart.json): its weights_sha256, the CPU, torch version and threads it was built with, and whether it is
+    the model marlflow ships for that scale (marlflow.models.loading.toy_world)."""
+    from marlflow.models.loading import toy_world
 
-    shipped = read_json(SHIPPED_TOY / "warmstart.json").get("weights_sha256")
     folders = sorted({(str(i["config"]["model"]), str(i["config"]["scale"])) for i in run_info.values()
                       if i["config"].get("scale") in TOY_SCALES and i["config"].get("model")})  # fmt: skip
     out = []
@@ -106,14 +104,14 @@ def toy_model_provenance(run_info: dict[str, dict]) -> list[tuple[str, str]]:
                 (f"{scale} model {folder}", "no warmstart.json with weights_sha256 there (moved or deleted)")
             )
             continue
+        shipped = read_json(toy_world(scale).shipped / "warmstart.json").get("weights_sha256")
         same = (
-            "" if scale != "toy"
-            else ", the model marlflow ships" if h == shipped
-            else f", not the shipped model ({str(shipped)[:16]}...): rebuilt, so its numbers can differ"
+            "the model marlflow ships" if h == shipped
+            else f"not the shipped model ({str(shipped)[:16]}...): rebuilt, so its numbers can differ"
         )  # fmt: skip
         out.append((
             f"{scale} model {folder}",
-            f"weights_sha256 {h}{same}; built on {cpu_text(ws.get('cpu_model', ''), ws.get('cpu_flags', []))}"
+            f"weights_sha256 {h}, {same}; built on {cpu_text(ws.get('cpu_model', ''), ws.get('cpu_flags', []))}"
             f" with torch {ws.get('torch', '?')}, {ws.get('threads', '?')} threads",
         ))  # fmt: skip
     return out
